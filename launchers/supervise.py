@@ -1,0 +1,64 @@
+"""Backend-neutral pieces of supervision: splitting streamed output into lines and naming the root
+cause of a failed node from its exit status and last log lines (torchrun's failure summary included).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from launchers.base import NodeExit
+
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)", re.MULTILINE)
+_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
+_EXC = re.compile(r"^(?:\[rank(\d+)\]:\s*)?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)"
+                  r"(?::.*)?)$", re.MULTILINE)
+_LAUNCHER_NOISE = ("ChildFailedError", "SignalException")
+
+
+def last_exception(text: str) -> tuple[int | None, str] | None:
+    """The last Python exception line a rank printed (`[rank1]: ValueError: ...`), launcher noise skipped."""
+    found = [(m.group(1), m.group(2).strip()) for m in _EXC.finditer(text)]
+    found = [(r, e) for r, e in found if not any(n in e for n in _LAUNCHER_NOISE)]
+    if not found:
+        return None
+    r, e = found[-1]
+    return (int(r) if r is not None else None), e
+
+
+def split_lines(buf: bytes) -> tuple[list[str], bytes]:
+    """Complete lines (on \\n or \\r, progress bars included) and the unfinished rest."""
+    parts = re.split(rb"[\r\n]", buf)
+    rest = parts.pop()
+    return [p.decode(errors="replace") for p in parts if p.strip()], rest
+
+
+def describe_code(code: int | None) -> str:
+    if code is None:
+        return "unknown exit"
+    if code < 0 or code > 128:
+        num = -code if code < 0 else code - 128
+        try:
+            return f"signal {signal.Signals(num).name} (exit {code})"
+        except ValueError:
+            return f"exit code {code}"
+    return f"exit code {code}"
+
+
+def root_cause_text(node: NodeExit) -> str:
+    """`node 1 (host) failed: rank 1 died of signal SIGKILL (exit -9); last lines: ...`"""
+    tail = node.log_tail or ""
+    rank = _RANK.findall(tail)
+    code = _EXITCODE.findall(tail)
+    who = f"node {node.node_rank} ({node.host})"
+    detail = describe_code(node.returncode)
+    if rank:
+        rc = int(code[0]) if code else None
+        detail = f"rank {rank[0]} {('died of ' + describe_code(rc)) if rc is not None and rc < 0 else describe_code(rc)}" \
+                 f"; node {describe_code(node.returncode)}"
+    exc = last_exception(tail)
+    if exc is not None:
+        r, e = exc
+        return f"{who} failed: {detail}" + (f" | rank {r}: " if r is not None else " | ") + e[:300]
+    last = [line for line in tail.splitlines() if line.strip() and not line.strip().startswith(("=", "-"))][-3:]
+    return f"{who} failed: {detail}" + (" | last lines: " + " / ".join(s.strip()[:200] for s in last) if last else "")

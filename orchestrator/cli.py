@@ -1,0 +1,222 @@
+"""`orchestrate` command line: argument parsing, one-line errors, exit codes, terminal output.
+
+Imports nothing heavy at start-up (`orchestrate --help` must stay fast): the api, launchers and rich
+are imported inside the commands that need them. Exit codes: 0 ok, 1 job failed, 2 bad input,
+130 cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from orchestrator import __version__
+from orchestrator.errors import OrchestratorError
+
+EPILOG = """examples:
+  orchestrate submit recipes/configs/sft_tiny.yaml
+  orchestrate submit recipe.yaml --nodes 2 --cluster cluster_configs/ssh_example.yaml trainer.learning_rate=1e-4
+  orchestrate render recipe.yaml --nodes 2 --out /tmp/plan
+  orchestrate ls | status JOB | logs JOB [--node N] | cancel JOB
+"""
+
+
+def _add_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", help="recipe YAML (recipes/configs/*.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotlist overrides, e.g. trainer.max_steps=10; "
+                                                                      "cluster.<key>=... overrides the cluster file")
+    p.add_argument("--nodes", "-N", type=int, default=None, help="number of nodes (launch.nodes)")
+    p.add_argument("--procs-per-node", type=int, default=None, help="processes per node (launch.procs_per_node)")
+    p.add_argument("--profile", default=None, help="accelerate profile: multi_gpu zero1 zero2 zero3 fsdp1 fsdp2 "
+                                                   "context_parallel alst_ulysses, or a YAML path")
+    p.add_argument("--cluster", "-c", default=None, help="cluster YAML (default: this machine)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="orchestrate", description="Multi-node LLM training jobs on this machine, "
+                                 "SSH hosts or SLURM, with accelerate + TRL.", epilog=EPILOG,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"orchestrate {__version__}")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+
+    s = sub.add_parser("submit", help="validate, plan and run a job", description="Validate, plan and run a job; "
+                       "streams every node's output, fails fast, exits non-zero when the job fails.")
+    _add_plan_args(s)
+    s.add_argument("--quiet", "-q", action="store_true", help="do not stream node output")
+    s.add_argument("--dry-run", action="store_true", help="print the plan and stop (like render, without files)")
+
+    r = sub.add_parser("render", help="dry run: write the plan and every per-node file to a directory",
+                       description="Dry run: writes DIR/plan.json, DIR/recipe.yaml and DIR/nodes/<rank>/"
+                                   "{accelerate.yaml,command.txt}; touches nothing else.")
+    _add_plan_args(r)
+    r.add_argument("--out", "-o", required=True, help="output directory")
+    r.add_argument("--json", action="store_true", help="print the plan as JSON instead of the summary")
+
+    sub.add_parser("ls", help="recent jobs").add_argument("--limit", type=int, default=20)
+    st = sub.add_parser("status", help="state of one job")
+    st.add_argument("job")
+    st.add_argument("--json", action="store_true")
+    lg = sub.add_parser("logs", help="a job's logs, prefixed by node")
+    lg.add_argument("job")
+    lg.add_argument("--node", type=int, default=None)
+    c = sub.add_parser("cancel", help="cancel a job: every process on every node")
+    c.add_argument("job")
+    return ap
+
+
+def _prepare(args):
+    from orchestrator import api
+    return api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
+                       profile=args.profile, overrides=args.overrides)
+
+
+def cmd_render(args) -> int:
+    from pathlib import Path
+    from orchestrator import api
+    from orchestrator.render import summary
+    prepared = _prepare(args)
+    out = Path(args.out)
+    api.write_files(prepared.files, out)
+    if args.json:
+        print(prepared.plan.to_json(), end="")
+    else:
+        print(summary(prepared.plan))
+        print(f"wrote {len(prepared.files)} files to {out}/ (plan.json, recipe.yaml, nodes/<rank>/accelerate.yaml, "
+              f"nodes/<rank>/command.txt)")
+    return 0
+
+
+def cmd_submit(args) -> int:
+    from orchestrator import api
+    from orchestrator.render import summary
+    prepared = _prepare(args)
+    print(summary(prepared.plan), flush=True)
+    if args.dry_run:
+        return 0
+    result_line: dict = {}
+    hosts = {n.node_rank: n.host or f"node{n.node_rank}" for n in prepared.plan.node_plans}
+
+    def on_line(rank: int, line: str) -> None:
+        if line.startswith("ORCHESTRATE_RESULT "):
+            try:
+                result_line.update(json.loads(line.split(" ", 1)[1]))
+            except ValueError:
+                pass
+        if not args.quiet:
+            print(f"[{hosts.get(rank, '?')} node{rank}] {line}", flush=True)
+
+    def on_event(kind: str, data: dict) -> None:
+        if kind == "submitting":
+            print(f"job {data['job_id']}: run dir {data['run_dir']}", flush=True)
+
+    result = api.submit(prepared, on_line=on_line, on_event=on_event)
+    job = prepared.plan.job_id
+    if result.state == "COMPLETED":
+        msg = f"job {job} COMPLETED"
+        if result_line:
+            first, last = result_line.get("first_loss"), result_line.get("final_loss")
+            if isinstance(first, (int, float)) and isinstance(last, (int, float)):
+                msg += f": loss {first:.3f} -> {last:.3f} over {result_line.get('global_step')} steps"
+            ck = result_line.get("last_checkpoint") or result_line.get("output_dir")
+            if ck:
+                msg += f"; checkpoint: {ck}"
+        print(msg)
+        return 0
+    print(f"job {job} {result.state}: {result.root_cause}", file=sys.stderr)
+    return result.returncode or 1
+
+
+def _record(job: str):
+    from orchestrator.errors import ConfigError
+    from orchestrator.store import JobStore
+    rec = JobStore().get(job)
+    if rec is None:
+        raise ConfigError(f"job {job!r} not found (see `orchestrate ls`)")
+    return rec
+
+
+def cmd_ls(args) -> int:
+    import time
+    from orchestrator.store import JobStore
+    rows = JobStore().list(args.limit)
+    if not rows:
+        print("no jobs yet")
+        return 0
+    print(f"{'JOB':<44} {'STATE':<10} {'BACKEND':<7} {'NODES':>5} {'AGE':>8}")
+    for r in rows:
+        age = int(time.time() - r.created)
+        print(f"{r.id:<44} {r.state:<10} {r.backend:<7} {r.nodes:>5} {age // 60:>5}m{age % 60:02d}s")
+    return 0
+
+
+def cmd_status(args) -> int:
+    rec = _record(args.job)
+    if args.json:
+        print(json.dumps(rec.to_dict(), indent=2, sort_keys=True))
+        return 0
+    for k in ("id", "state", "backend", "handle", "cluster", "nodes", "world_size", "exit_code", "root_cause",
+              "run_dir"):
+        print(f"{k:<11} {getattr(rec, k)}")
+    return 0
+
+
+def cmd_logs(args) -> int:
+    from pathlib import Path
+    from launchers.base import JobHandle
+    from launchers.local import LocalLauncher
+    rec = _record(args.job)
+    for line in LocalLauncher().logs(JobHandle(rec.handle or "", {"run_dir": rec.run_dir}), args.node):
+        print(line)
+    return 0
+
+
+def cmd_cancel(args) -> int:
+    from pathlib import Path
+    from launchers import get_launcher
+    from launchers.base import JobHandle
+    from orchestrator.store import JobStore
+    rec = _record(args.job)
+    if rec.backend == "local":
+        from launchers.local import cancel_run_dir
+        cancel_run_dir(Path(rec.run_dir))
+    else:
+        from orchestrator.spec import ClusterSpec
+        get_launcher(rec.backend, None).cancel(JobHandle(rec.handle or "", {"run_dir": rec.run_dir}))
+    JobStore().update(rec.id, "CANCELLED", detail="cancelled by the user")
+    print(f"job {rec.id} cancelled")
+    return 0
+
+
+COMMANDS = {"submit": cmd_submit, "render": cmd_render, "ls": cmd_ls, "status": cmd_status, "logs": cmd_logs,
+            "cancel": cmd_cancel}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # overrides may come after options (`render r.yaml --out d a.b=1`): argparse leaves them over
+        if getattr(args, "overrides", None) is None or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = list(args.overrides) + extra
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except OrchestratorError as e:
+        if args.debug:
+            import traceback
+            traceback.print_exc()
+        print(f"orchestrate: error: {e.one_line()}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("orchestrate: cancelled", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

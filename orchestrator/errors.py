@@ -1,0 +1,81 @@
+"""The error hierarchy: one root, one line each for the CLI.
+
+`ConfigError` carries every problem found in the inputs (all reported together, exit code 2);
+`LaunchError` carries where a launch failed (host, argv, exit code, stderr tail).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class OrchestratorError(Exception):
+    """Root of every error this tool raises on purpose. `exit_code` is what the CLI returns."""
+
+    exit_code = 1
+
+    def one_line(self) -> str:
+        return str(self).splitlines()[0] if str(self) else type(self).__name__
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One bad input: where (a dotted key path, file:line, or a host) and what is wrong."""
+
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}" if self.where else self.message
+
+
+class ConfigError(OrchestratorError):
+    """Bad input (recipe, cluster file, flags, overrides). Always exit code 2, nothing touched."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[Problem] | Problem | str, source: str | None = None):
+        if isinstance(problems, (Problem, str)):
+            problems = [problems if isinstance(problems, Problem) else Problem("", problems)]
+        self.problems: list[Problem] = list(problems)
+        self.source = source
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        prefix = f"{self.source}: " if self.source else ""
+        if len(self.problems) == 1:
+            return f"{prefix}{self.problems[0]}"
+        head = f"{prefix}{len(self.problems)} problems: " + "; ".join(str(p) for p in self.problems)
+        return head
+
+    def one_line(self) -> str:
+        return self._render().replace("\n", " ")
+
+
+class LaunchError(OrchestratorError):
+    """A node or launcher failed to start or run."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, host: str | None = None, argv: list[str] | None = None,
+                 exit_code: int | None = None, stderr_tail: str = ""):
+        self.host = host
+        self.argv = list(argv or [])
+        self.returncode = exit_code
+        self.stderr_tail = stderr_tail
+        where = f"{host}: " if host else ""
+        super().__init__(f"{where}{message}")
+
+
+class PreflightError(ConfigError):
+    """A host or cluster is not usable (unreachable, bad key, no python...). Exit 2, nothing started."""
+
+
+class JobFailed(OrchestratorError):
+    """The job ran and failed; the message names the root cause."""
+
+    exit_code = 1
+
+
+class JobCancelled(OrchestratorError):
+    exit_code = 130

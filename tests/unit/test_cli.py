@@ -1,0 +1,133 @@
+"""The command line as a user meets it: exit codes, one-line errors naming the key, nothing written
+on bad input, a fast `--help` that does not import torch, and every shipped YAML valid."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "orchestrator.cli"]
+
+
+def run(*args, cwd=REPO, env=None):
+    return subprocess.run([*CLI, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_help_is_fast_and_imports_nothing_heavy():
+    code = ("import sys, time; t = time.perf_counter(); from orchestrator.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('torch', 'transformers', 'trl', 'deepspeed', 'paramiko', 'submitit', 'accelerate', "
+            "'omegaconf', 'rich') if m in sys.modules]\n"
+            "print('HEAVY', heavy, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert "HEAVY []" in out.stderr, out.stderr
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "--help"], capture_output=True, cwd=REPO)
+        times.append(time.perf_counter() - t0)
+        assert r.returncode == 0 and b"submit" in r.stdout
+    times.sort()
+    print(f"orchestrate --help median {times[2]:.3f}s")
+    assert times[2] <= 0.3
+
+
+def test_version():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.startswith("orchestrate ")
+
+
+def test_bad_recipe_is_one_line_exit_2_and_writes_nothing(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("recipe: sft\nmodel: {name_or_path: tiny-llama}\ndata: {path: recipes/data/sft_tiny.jsonl}\n"
+                   "launch: {nodez: 2, procs_per_node: 0}\ntrainer: {learning_rat: 0.1}\n")
+    out = tmp_path / "out"
+    r = run("render", bad, "--out", out)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "launch.nodez: unknown key (did you mean 'nodes'?)" in lines[0]
+    assert "launch.procs_per_node: must be an integer >= 1, got 0" in lines[0]
+    assert "trainer.learning_rat: unknown sft trainer option (did you mean 'learning_rate'?)" in lines[0]
+    assert not out.exists()
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("recipe: sft\nmodel:\n  name_or_path: [tiny\n")
+    r = run("render", bad, "--out", tmp_path / "o")
+    assert r.returncode == 2
+    assert f"{bad}:4: YAML syntax error" in r.stderr or f"{bad}:3: YAML syntax error" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--nodes", "0"], "launch.nodes: must be an integer >= 1, got 0"),
+    (["--profile", "zero4"], "launch.profile: unknown profile 'zero4'"),
+    (["launch.nodes"], "override 'launch.nodes': must look like key.path=value"),
+    (["--procs-per-node", "4", "launch.parallelism.sp=3", "--profile", "zero3"], "launch.parallelism"),
+    (["data.path=missing/file.jsonl"], "data.path: file not found"),
+    (["launch.env.WANDB_API_KEY=abc"], "launch.env.WANDB_API_KEY: looks like a secret"),
+])
+def test_bad_flags_and_overrides(tmp_path, args, needle):
+    r = run("render", "recipes/configs/sft_tiny.yaml", "--out", tmp_path / "o", *args)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_profile_file_that_is_not_an_accelerate_config(tmp_path):
+    prof = tmp_path / "prof.yaml"
+    prof.write_text("distributed_typ: FSDP\nnum_processes: 2\n")
+    r = run("render", "recipes/configs/sft_tiny.yaml", "--out", tmp_path / "o", "--profile", prof)
+    assert r.returncode == 2 and "not an accelerate config: unknown keys distributed_typ" in r.stderr
+
+
+def test_more_nodes_than_hosts(tmp_path):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("kind: ssh\nssh:\n  hosts: [127.0.0.2, 127.0.0.3]\n")
+    r = run("render", "recipes/configs/sft_tiny.yaml", "--nodes", "3", "--cluster", cluster, "--out", tmp_path / "o")
+    assert r.returncode == 2 and "3 nodes asked but cluster 'c' lists only 2 host(s)" in r.stderr
+
+
+def test_render_writes_plan_and_every_node(tmp_path):
+    out = tmp_path / "plan"
+    r = run("render", "recipes/configs/sft_tiny.yaml", "--nodes", "3", "--out", out, "trainer.max_steps=7")
+    assert r.returncode == 0, r.stderr
+    assert "world      3 node(s) x 1 process(es) = 3" in r.stdout
+    for n in range(3):
+        assert (out / "nodes" / str(n) / "accelerate.yaml").is_file()
+        assert "recipes.run" in (out / "nodes" / str(n) / "command.txt").read_text()
+    import json
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["nodes"] == 3 and plan["world_size"] == 3
+    import yaml
+    assert yaml.safe_load((out / "recipe.yaml").read_text())["trainer"]["max_steps"] == 7
+    assert (out.stat().st_mode & 0o077) == 0
+    r = run("render", "recipes/configs/sft_tiny.yaml", "--out", tmp_path / "j", "--json")
+    assert json.loads(r.stdout)["world_size"] == 1
+
+
+SHIPPED = sorted((REPO / "recipes" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_recipe_validates_and_plans(path, tmp_path):
+    from orchestrator import api
+    prep = api.prepare(str(path), cwd=REPO)
+    assert prep.plan.world_size >= 1
+
+
+CLUSTERS = sorted((REPO / "cluster_configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CLUSTERS, ids=[p.name for p in CLUSTERS])
+def test_every_shipped_cluster_validates(path):
+    from orchestrator.spec import parse_cluster, read_yaml
+    parse_cluster(read_yaml(path, "cluster"), source=str(path))
