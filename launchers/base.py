@@ -59,6 +59,9 @@ class JobResult:
     returncode: int
     root_cause: str = ""
     nodes: tuple[NodeExit, ...] = ()
+    max_step: int | None = None  # the furthest training step any rank reported (restart progress)
+    hung: bool = False
+    restarts: int = 0
 
 
 EventSink = Callable[[str, dict[str, Any]], None]

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from launchers.base import JobHandle, JobResult, NodeCommand, NodeExit, Submission
-from launchers.supervise import root_cause_text, split_lines
+from launchers.supervise import describe_hang, root_cause_text, split_lines
+from orchestrator.health import HealthMonitor, HeartbeatTail
 from orchestrator.jobplan import LaunchPlan
-from orchestrator.proctools import alive, group_members, signal_group
+from orchestrator.proctools import alive, group_members, marked, signal_group, signal_pids
 
 
 class LocalLauncher:
@@ -79,17 +80,32 @@ class LocalLauncher:
 
     def wait(self, handle: JobHandle, on_line=None, poll: float = 0.05) -> JobResult:
         run_dir = Path(handle.data["run_dir"])
+        plan = LaunchPlan.from_json((run_dir / "plan.json").read_text())
+        monitor = HealthMonitor(plan.health, plan.world_size, started=time.time())
+        tail = HeartbeatTail(run_dir / "heartbeats")
+        hb_every = float(plan.health.get("poll_interval", 1.0))
+        next_hb = 0.0
         failed_rank: int | None = None
+        hang: str | None = None
         cancelled = False
         try:
             while True:
                 codes = {r: p.poll() for r, p in self._procs.items()}
                 bad = [r for r, c in codes.items() if c not in (None, 0)]
-                if bad and failed_rank is None:
+                if bad and failed_rank is None and hang is None:
                     failed_rank = bad[0]
                     self._teardown(run_dir, exclude={failed_rank})
                 if all(c is not None for c in codes.values()):
                     break
+                now = time.time()
+                if now >= next_hb:
+                    next_hb = now + hb_every
+                    for rec in tail.read():
+                        monitor.feed(rec, now)
+                    stalls = monitor.stalls(now) if failed_rank is None and hang is None else []
+                    if stalls:
+                        hang = describe_hang(run_dir, plan, stalls)
+                        self._teardown(run_dir)
                 time.sleep(poll)
         except KeyboardInterrupt:
             cancelled = True
@@ -98,15 +114,20 @@ class LocalLauncher:
                 p.wait()
         for t in self._readers:
             t.join(timeout=5)
+        for rec in tail.read():
+            monitor.feed(rec, time.time())
+        max_step = max((st.step for st in monitor.snapshot()), default=None)
         nodes = tuple(NodeExit(node_rank=r, host="localhost", returncode=p.returncode,
                                log_tail=_tail(run_dir / "logs" / f"node{r}.log"))
                       for r, p in sorted(self._procs.items()))
         if cancelled:
-            return JobResult("CANCELLED", 130, "cancelled by the user (Ctrl-C)", nodes)
+            return JobResult("CANCELLED", 130, "cancelled by the user (Ctrl-C)", nodes, max_step)
+        if hang is not None:
+            return JobResult("FAILED", 1, hang, nodes, max_step, hung=True)
         if failed_rank is None:
-            return JobResult("COMPLETED", 0, "", nodes)
+            return JobResult("COMPLETED", 0, "", nodes, max_step)
         node = nodes[failed_rank]
-        return JobResult("FAILED", node.returncode or 1, root_cause_text(node), nodes)
+        return JobResult("FAILED", node.returncode or 1, root_cause_text(node), nodes, max_step)
 
     def _teardown(self, run_dir: Path, exclude: set[int] = frozenset()) -> None:
         """Stop every node (but `exclude`): TERM the agents, KILL the recorded groups after the grace."""
@@ -124,6 +145,9 @@ class LocalLauncher:
             for r in targets:
                 for pgid in _recorded_groups(run_dir, r):
                     signal_group(pgid, signal.SIGKILL)
+                token = _agent_info(run_dir, r).get("token")
+                if token:
+                    signal_pids(marked(token), signal.SIGKILL)
         threading.Thread(target=hard_kill, daemon=True).start()
 
     def cancel(self, handle: JobHandle) -> None:
@@ -177,12 +201,19 @@ def cancel_run_dir(run_dir: Path, grace: float = 5.0) -> None:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+    tokens = [t for t in (_agent_info(run_dir, r).get("token") for r in ranks) if t]
+
+    def left() -> bool:
+        return any(group_members(g) for r in ranks for g in _recorded_groups(run_dir, r)) or \
+            any(marked(t) for t in tokens)
     deadline = time.monotonic() + grace + 1.0
-    while time.monotonic() < deadline and any(group_members(g) for r in ranks for g in _recorded_groups(run_dir, r)):
+    while time.monotonic() < deadline and left():
         time.sleep(0.05)
     for r in ranks:
         for g in _recorded_groups(run_dir, r):
             signal_group(g, signal.SIGKILL)
+    for t in tokens:
+        signal_pids(marked(t), signal.SIGKILL)
 
 
 def run_dir_state(run_dir: Path) -> str:

@@ -226,7 +226,11 @@ def write_files(files: dict[str, str], out_dir: Path) -> list[Path]:
     written = []
     for rel, text in sorted(files.items()):
         path = out_dir / rel
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for parent in reversed(path.relative_to(out_dir).parents[:-1]):
+            d = out_dir / parent
+            if not d.is_dir():
+                d.mkdir(mode=0o700)
+                os.chmod(d, 0o700)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -244,7 +248,6 @@ def secret_values(plan: LaunchPlan, environ: dict[str, str] | None = None) -> di
 def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = None,
            on_event: Callable[[str, dict], None] | None = None):
     """Write the run dir, record the job, launch it and supervise it to the end. Returns JobResult."""
-    from launchers import get_launcher
     from orchestrator.store import JobStore, digest
     plan = prepared.plan
     run_dir = Path(plan.run_dir) if prepared.cluster.kind != "ssh" or (prepared.cluster.ssh and
@@ -255,9 +258,37 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
     store.create(job_id=plan.job_id, recipe=prepared.recipe.source, recipe_digest=digest(prepared.files["recipe.yaml"]),
                  cluster=prepared.cluster.name, backend=prepared.cluster.kind, nodes=plan.nodes,
                  world_size=plan.world_size, run_dir=str(run_dir))
+    max_restarts = int(plan.health.get("max_restarts", 0))
+    restarts, stalled_attempts, best_step = 0, 0, -1
+    while True:
+        result = _run_once(prepared, store, run_dir, restarts, on_line, on_event)
+        progressed = result.max_step is not None and result.max_step > best_step
+        best_step = max(best_step, result.max_step if result.max_step is not None else -1)
+        if result.state in ("COMPLETED", "CANCELLED") or restarts >= max_restarts:
+            break
+        if restarts > 0:  # only restarts count toward a crash loop
+            stalled_attempts = 0 if progressed else stalled_attempts + 1
+        if stalled_attempts >= 2:
+            result = dataclasses.replace(result, root_cause=result.root_cause + f" (crash loop: {stalled_attempts} "
+                                         "restarts in a row made no progress; not restarting)")
+            break
+        restarts += 1
+        store.update(plan.job_id, "RESTARTING", detail=f"restart {restarts}/{max_restarts}: {result.root_cause}"[:2000],
+                     restarts=restarts)
+        if on_event:
+            on_event("restart", {"job_id": plan.job_id, "restart": restarts, "max_restarts": max_restarts,
+                                 "reason": result.root_cause, "step": best_step})
+    store.update(plan.job_id, result.state, detail=result.root_cause or None, exit_code=result.returncode,
+                 root_cause=result.root_cause or None, restarts=restarts)
+    return dataclasses.replace(result, restarts=restarts)
+
+
+def _run_once(prepared: Prepared, store, run_dir: Path, attempt: int, on_line, on_event):
+    from launchers import get_launcher
+    plan = prepared.plan
     launcher = get_launcher(prepared.cluster.kind, prepared.cluster)
     submission = launcher.prepare(plan)
-    if on_event:
+    if on_event and attempt == 0:
         on_event("submitting", {"job_id": plan.job_id, "run_dir": str(run_dir)})
     try:
         handle = launcher.submit(submission, on_line=on_line) if prepared.cluster.kind == "local" \
@@ -267,11 +298,8 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
         raise
     store.update(plan.job_id, "RUNNING", handle=handle.uri)
     if on_event:
-        on_event("running", {"job_id": plan.job_id, "handle": handle.uri})
-    result = launcher.wait(handle, on_line=on_line)
-    store.update(plan.job_id, result.state, detail=result.root_cause or None, exit_code=result.returncode,
-                 root_cause=result.root_cause or None)
-    return result
+        on_event("running", {"job_id": plan.job_id, "handle": handle.uri, "attempt": attempt})
+    return launcher.wait(handle, on_line=on_line)
 
 
 def is_secret(name: str) -> bool:

@@ -71,6 +71,7 @@ class LaunchPlan:
     secret_env: tuple[str, ...]  # names passed through from the submit environment, never values
     node_plans: tuple[NodePlan, ...]
     warnings: tuple[str, ...] = ()
+    health: dict[str, Any] = field(default_factory=dict)  # HealthSpec as a dict
     version: int = PLAN_VERSION
 
     def node(self, rank: int) -> NodePlan:
@@ -93,6 +94,7 @@ class LaunchPlan:
         d["secret_env"] = tuple(d.get("secret_env", ()))
         d["warnings"] = tuple(d.get("warnings", ()))
         d["parallelism"] = dict(d["parallelism"])
+        d["health"] = dict(d.get("health") or {})
         return cls(**d)
 
     @classmethod

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from orchestrator.hostlist import first_host
 from orchestrator.jobplan import LATE_MAIN_IP, LaunchPlan
-from orchestrator.proctools import alive, group_members, kill_group, signal_group
+from orchestrator.proctools import (TOKEN_VAR, alive, group_members, kill_group, kill_marked, marked, signal_group,
+                                   signal_pids)
 
 RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
 NODELIST_ENV = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -87,6 +88,8 @@ class Agent:
         self.proc: subprocess.Popen | None = None
         self.stopping = threading.Event()
         self.stop_reason = ""
+        import secrets as _secrets
+        self.token = f"{plan.job_id}.{rank}.{_secrets.token_hex(6)}"
 
     def write_config(self) -> Path:
         from orchestrator.render import HEADER, _yaml
@@ -108,31 +111,38 @@ class Agent:
         env.update(ORCHESTRATE_RUN_DIR=str(self.run_dir), ORCHESTRATE_JOB_ID=self.plan.job_id,
                    ORCHESTRATE_NODE_RANK=str(self.rank), ORCHESTRATE_ACCELERATOR=self.plan.accelerator,
                    ORCHESTRATE_HEARTBEAT_DIR=str(self.run_dir / "heartbeats"), PYTHONUNBUFFERED="1")
+        env[TOKEN_VAR] = self.token
         env.update(secrets)
         return env
 
-    def start(self, secrets: dict[str, str]) -> None:
+    def start(self, secrets: dict[str, str]) -> bool:
+        """Start the launch; False when a stop was asked for before it could start."""
+        if self.stopping.is_set():
+            return False
         self.write_config()
-        (self.run_dir / "heartbeats").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "heartbeats").mkdir(parents=True, exist_ok=True, mode=0o700)
         argv = rebase(self.plan.node(self.rank).command, self.plan.run_dir, str(self.run_dir))
         self.proc = subprocess.Popen(argv, env=self.environment(secrets), start_new_session=True,
                                      stdin=subprocess.DEVNULL)
         write_json(self.node_dir / "agent.json", {
             "agent_pid": os.getpid(), "agent_pgid": os.getpgrp(), "pid": self.proc.pid, "pgid": self.proc.pid,
-            "host": socket.gethostname(), "node_rank": self.rank, "main_ip": self.main_ip, "started": time.time()})
+            "host": socket.gethostname(), "node_rank": self.rank, "main_ip": self.main_ip, "started": time.time(),
+            "token": self.token})
+        if self.stopping.is_set():  # a signal raced the start
+            self.stopping.clear()
+            self.stop(self.stop_reason or "stopped during start")
+        return True
 
     def forward(self, signum: int) -> None:
         """USR2 (preemption notice) goes to the ranks only; TERM/INT/HUP stop the whole group."""
         if self.proc is None:
+            if signum != signal.SIGUSR2:
+                self.stop_reason = f"signal {signal.Signals(signum).name} before start"
+                self.stopping.set()
             return
         pgid = self.proc.pid
         if signum == signal.SIGUSR2:
-            for pid in group_members(pgid):
-                if pid != self.proc.pid:
-                    try:
-                        os.kill(pid, signum)
-                    except ProcessLookupError:
-                        pass
+            signal_pids([p for p in marked(self.token) if p != self.proc.pid], signum)
             return
         self.stop(f"signal {signal.Signals(signum).name}", first=signum)
 
@@ -143,12 +153,15 @@ class Agent:
         self.stopping.set()
         pgid = self.proc.pid
         signal_group(pgid, first)
+        signal_pids(marked(self.token), first)  # the ranks live in sessions of their own (torchrun)
+        signal_pids(marked(self.token), signal.SIGCONT)  # a stopped (hung) rank must run to act on TERM
 
         def escalate() -> None:
             deadline = time.monotonic() + self.grace
-            while time.monotonic() < deadline and group_members(pgid):
+            while time.monotonic() < deadline and (group_members(pgid) or marked(self.token)):
                 time.sleep(0.05)
             signal_group(pgid, signal.SIGKILL)
+            signal_pids(marked(self.token), signal.SIGKILL)
         threading.Thread(target=escalate, daemon=True).start()
 
     def watch_stdin(self) -> None:
@@ -168,6 +181,23 @@ class Agent:
             self.stop(f"parent process {ppid} is gone")
         threading.Thread(target=run, daemon=True).start()
 
+    def forward_heartbeats(self, interval: float = 0.5) -> None:
+        """Print this node's new heartbeat lines as `ORCHESTRATE_HB {json}` (for backends without a shared
+        filesystem: the submit host reads them from the agent's output stream)."""
+        from orchestrator.health import HB_PREFIX, HeartbeatTail
+        tail = HeartbeatTail(self.run_dir / "heartbeats", set(self.plan.node(self.rank).ranks))
+
+        def run() -> None:
+            while True:
+                done = self.proc is not None and self.proc.poll() is not None
+                for rec in tail.read():
+                    os.write(1, (HB_PREFIX + json.dumps(rec, sort_keys=True) + "\n").encode())
+                if done:
+                    return
+                time.sleep(interval)
+        self._hb_thread = threading.Thread(target=run, daemon=True)
+        self._hb_thread.start()
+
     def wait(self) -> int:
         assert self.proc is not None
         while True:
@@ -176,8 +206,12 @@ class Agent:
                 break
             except InterruptedError:
                 continue
-        # Nothing of the job may outlive the launch: reap stragglers of the group.
+        # Nothing of the job may outlive the launch: stragglers of the group and every marked process.
         kill_group(self.proc.pid, grace=min(self.grace, 2.0))
+        kill_marked(self.token, grace=min(self.grace, 2.0))
+        hb = getattr(self, "_hb_thread", None)
+        if hb is not None:
+            hb.join(timeout=2)
         sig = -rc if rc < 0 else None
         code = 128 + sig if sig else rc
         write_json(self.node_dir / "exit.json", {"returncode": code, "signal": sig, "time": time.time(),
@@ -195,6 +229,27 @@ def read_secrets_line() -> dict[str, str]:
     return data
 
 
+def kill_node(run_dir: Path, rank: int | None, grace: float) -> int:
+    """Tear down what a node agent started, from the outside (the agent itself may be dead)."""
+    ranks = [rank] if rank is not None else sorted(int(p.name) for p in (run_dir / "nodes").iterdir()
+                                                   if p.name.isdigit())
+    for r in ranks:
+        try:
+            info = json.loads((run_dir / "nodes" / str(r) / "agent.json").read_text())
+        except (OSError, ValueError):
+            continue
+        for key in ("agent_pid",):
+            pid = info.get(key)
+            if isinstance(pid, int) and alive(pid):
+                signal_pids([pid], signal.SIGTERM)
+        if info.get("token"):
+            kill_marked(info["token"], grace=grace)
+        for key in ("pgid", "agent_pgid"):
+            if isinstance(info.get(key), int) and info[key] > 1:
+                signal_group(info[key], signal.SIGKILL)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m orchestrator.node_agent", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir")
@@ -204,8 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--secrets-stdin", action="store_true", help="read one JSON line of secret env from stdin")
     ap.add_argument("--parent-pid", type=int, default=None, help="tear the job down when this pid dies")
     ap.add_argument("--grace", type=float, default=5.0, help="seconds between TERM and KILL")
+    ap.add_argument("--kill", action="store_true", help="kill every process of this node's launch (recorded in "
+                    "agent.json), wherever it is in the process tree, and exit")
+    ap.add_argument("--forward-heartbeats", action="store_true",
+                    help="print the ranks' heartbeats on stdout as ORCHESTRATE_HB lines")
     args = ap.parse_args(argv)
     run_dir = Path(args.run_dir).expanduser().resolve()
+    if args.kill:
+        return kill_node(run_dir, args.node_rank, args.grace)
     try:
         plan = LaunchPlan.from_json((run_dir / "plan.json").read_text())
         rank = bind_rank(args.node_rank, dict(os.environ), plan.nodes)
@@ -217,11 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(run_dir, plan, rank, main_ip, grace=args.grace)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, lambda s, _f: agent.forward(s))
-    agent.start(secrets)
+    if not agent.start(secrets):
+        print(f"orchestrate node agent: {agent.stop_reason}; nothing started", file=sys.stderr)
+        return 143
     if args.watch_stdin:
         agent.watch_stdin()
     if args.parent_pid:
         agent.watch_parent(args.parent_pid)
+    if args.forward_heartbeats:
+        agent.forward_heartbeats()
     return agent.wait()
 
 

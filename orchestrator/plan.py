@@ -8,6 +8,7 @@ YAML content, the port, the python path, the model's head counts) arrives in `Pl
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -274,7 +275,7 @@ def make_plan(recipe: RecipeSpec, cluster: ClusterSpec, facts: PlanFacts) -> Lau
         tokens_per_step_exact=bool(t.get("packing")) and recipe.recipe != "dpo",
         main_host=main_host, port=facts.port, run_dir=facts.run_dir, output_dir=facts.output_dir,
         python=facts.python, secret_env=recipe.launch.secret_env, node_plans=tuple(node_plans),
-        warnings=tuple(warnings))
+        warnings=tuple(warnings), health=dataclasses.asdict(recipe.health))
 
 
 def command_line(argv: tuple[str, ...] | list[str]) -> str:

@@ -1,5 +1,11 @@
-"""Process-group facts from /proc (Linux): who is in a group, is a pid alive (zombies count as dead),
-and group signalling that tolerates races. Used by the node agent, the launchers and the tests.
+"""Process facts from /proc (Linux): who is in a group, who carries a job's marker, is a pid alive
+(zombies count as dead), and signalling that tolerates races. Used by the node agent, the launchers
+and the tests.
+
+Why a marker: torchrun starts every worker in a NEW session (start_new_session=True), so killing the
+launcher's process group misses the ranks, and a rank whose launcher died is re-parented to init.
+Every process of a launch inherits ORCHESTRATE_JOB_TOKEN=<token> in its environment; `marked(token)`
+finds them all wherever they are in the process tree.
 """
 
 from __future__ import annotations
@@ -61,5 +67,113 @@ def kill_group(pgid: int, grace: float = 5.0, poll: float = 0.05) -> float:
         time.sleep(poll)
     signal_group(pgid, signal.SIGKILL)
     while group_members(pgid) and time.monotonic() < deadline + 5:
+        time.sleep(poll)
+    return time.monotonic() - t0
+
+
+def state(pid: int) -> str | None:
+    """The one-letter /proc state (R, S, D, T = stopped, Z ...) or None when gone."""
+    st = _stat(pid)
+    return st[0] if st else None
+
+
+def rank_pids(pgid: int) -> dict[int, int]:
+    """Global rank -> pid for the processes of a group that carry RANK in their environment (torchrun workers)."""
+    out: dict[int, int] = {}
+    for pid in group_members(pgid):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith(b"RANK="):
+                try:
+                    out.setdefault(int(item[5:]), pid)
+                except ValueError:
+                    pass
+                break
+    return out
+
+
+def dump_stack(pid: int, timeout: float = 20.0) -> str:
+    """A Python stack dump of `pid` with py-spy (non-blocking read; works on stopped processes)."""
+    import shutil
+    import subprocess
+    import sys
+    exe = shutil.which("py-spy") or str(__import__("pathlib").Path(sys.executable).with_name("py-spy"))
+    try:
+        r = subprocess.run([exe, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True,
+                           timeout=timeout)
+        return r.stdout + r.stderr
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"no stack dump for pid {pid}: {e}"
+
+
+TOKEN_VAR = "ORCHESTRATE_JOB_TOKEN"
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def marked(token: str) -> list[int]:
+    """Live pids whose environment carries ORCHESTRATE_JOB_TOKEN=token (this user's, or all as root)."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    me = os.getpid()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        if needle in _environ(pid) and alive(pid):
+            out.append(pid)
+    return sorted(out)
+
+
+def marked_ranks(token: str) -> dict[int, int]:
+    """Global rank -> pid among a launch's marked processes (those with RANK set: the workers)."""
+    out: dict[int, int] = {}
+    for pid in marked(token):
+        for item in _environ(pid):
+            if item.startswith(b"RANK="):
+                try:
+                    out.setdefault(int(item[5:]), pid)
+                except ValueError:
+                    pass
+                break
+    return out
+
+
+def signal_pids(pids, sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_marked(token: str, grace: float = 5.0, poll: float = 0.05) -> float:
+    """TERM (+CONT, so stopped ranks act on it) every marked process, KILL what is left after `grace`."""
+    t0 = time.monotonic()
+    pids = marked(token)
+    if not pids:
+        return 0.0
+    signal_pids(pids, signal.SIGTERM)
+    signal_pids(pids, signal.SIGCONT)
+    while time.monotonic() - t0 < grace:
+        pids = marked(token)
+        if not pids:
+            return time.monotonic() - t0
+        time.sleep(poll)
+    for _ in range(50):
+        pids = marked(token)
+        if not pids:
+            break
+        signal_pids(pids, signal.SIGKILL)
         time.sleep(poll)
     return time.monotonic() - t0

@@ -54,6 +54,14 @@ RECIPE_SCHEMA: dict[str, Any] = {
         "resume": F("str", "auto"),
         "save_on_signal": F("bool", True),
     },
+    "health": {
+        "stall_timeout": F("pos_number", 300),
+        "startup_timeout": F("pos_number", 1800),
+        "save_timeout": F("pos_number", 1800),
+        "max_restarts": F("nonneg_int", 0),
+        "poll_interval": F("pos_number", 1.0),
+        "stack_dumps": F("bool", True),
+    },
     "launch": {
         "profile": F("str", "multi_gpu"),
         "nodes": F("pos_int", 1),

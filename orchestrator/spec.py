@@ -45,6 +45,19 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True)
+class HealthSpec:
+    """Hang detection and restarts. A rank whose step does not advance for `stall_timeout` seconds is hung;
+    before its first step `startup_timeout` applies (model load), during a checkpoint save `save_timeout`."""
+
+    stall_timeout: float = 300
+    startup_timeout: float = 1800
+    save_timeout: float = 1800
+    max_restarts: int = 0
+    poll_interval: float = 1.0
+    stack_dumps: bool = True
+
+
+@dataclass(frozen=True)
 class ParallelismSpec:
     dp_replicate: int | None = None
     dp_shard: int | None = None
@@ -74,6 +87,7 @@ class RecipeSpec:
     trainer: dict[str, Any]
     checkpoint: CheckpointSpec
     launch: LaunchSpec
+    health: HealthSpec = HealthSpec()
     source: str = "<recipe>"
 
     @property
@@ -230,6 +244,7 @@ def parse_recipe(data: dict[str, Any], source: str = "<recipe>",
                       split=d["split"], eval_split=d["eval_split"], max_samples=d["max_samples"]),
         trainer=dict(trainer),
         checkpoint=CheckpointSpec(**c),
+        health=HealthSpec(**values["health"]),
         launch=LaunchSpec(profile=launch["profile"], nodes=launch["nodes"], procs_per_node=launch["procs_per_node"],
                           mixed_precision=launch["mixed_precision"], parallelism=ParallelismSpec(**p), env=env,
                           secret_env=tuple(launch["secret_env"]), port=launch["port"]),

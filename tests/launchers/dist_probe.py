@@ -24,9 +24,36 @@ print(f"probe rank {rank}/{world} sum {t.item()}", flush=True)
 if mode.startswith("fail:") and rank == int(mode.split(":")[1]):
     print("probe: failing on purpose", flush=True)
     sys.exit(3)
-if mode in ("loop",) or mode.startswith("fail:"):
-    while True:
+if mode.startswith("fail_until:"):  # fail on rank 1 until the Nth attempt (counted in a file), then finish
+    n = int(mode.split(":")[1])
+    counter = os.path.join(out_dir, "attempts")
+    dist.barrier()
+    if rank == 0:
+        k = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
+        open(counter, "w").write(str(k))
+    dist.barrier()
+    k = int(open(counter).read())
+    if rank == 1 and k < n:
+        print(f"probe: attempt {k} failing on purpose", flush=True)
+        sys.exit(4)
+hb_dir = os.environ.get("ORCHESTRATE_HEARTBEAT_DIR")
+hb = open(os.path.join(hb_dir, f"rank{rank}.jsonl"), "a") if hb_dir else None
+step0 = 0
+if hb_dir and mode.startswith("steps:"):  # resume-like: continue from the furthest step any rank reached
+    import glob
+    for path in glob.glob(os.path.join(hb_dir, "rank*.jsonl")):
+        for line in open(path):
+            step0 = max(step0, json.loads(line)["step"])
+if mode in ("loop",) or mode.startswith(("fail:", "steps:")):
+    steps = int(mode.split(":")[1]) if mode.startswith("steps:") else 10**9
+    step = step0
+    while step < steps:
         dist.all_reduce(t)
+        step += 1
+        if hb:
+            hb.write(json.dumps({"t": time.time(), "rank": rank, "host": "localhost", "step": step, "max_steps": None,
+                                 "loss": 1.0 / step, "tokens": step * 10, "event": "step"}) + "\n")
+            hb.flush()
         time.sleep(0.05)
 dist.barrier()
 dist.destroy_process_group()

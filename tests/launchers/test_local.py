@@ -17,23 +17,26 @@ import pytest
 
 from orchestrator import api
 from orchestrator.jobplan import LaunchPlan
-from orchestrator.proctools import alive, group_members
+from orchestrator.proctools import alive, group_members, marked
 from orchestrator.render import render_files
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("dist_probe.py")
 
-RECIPE = """recipe: sft
-model: {name_or_path: tiny-llama}
-data: {path: %s}
-trainer: {max_steps: 5, per_device_train_batch_size: 2}
-launch: {secret_env: [PROBE_TOKEN]}
-""" % (REPO / "recipes" / "data" / "sft_tiny.jsonl")
+def recipe_text(stall: float, restarts: int) -> str:
+    import yaml
+    return yaml.safe_dump({
+        "recipe": "sft", "model": {"name_or_path": "tiny-llama"},
+        "data": {"path": str(REPO / "recipes" / "data" / "sft_tiny.jsonl")},
+        "trainer": {"max_steps": 5, "per_device_train_batch_size": 2},
+        "launch": {"secret_env": ["PROBE_TOKEN"]},
+        "health": {"stall_timeout": stall, "startup_timeout": 60, "max_restarts": restarts, "poll_interval": 0.5}})
 
 
-def probe_prepared(tmp_path: Path, nodes: int, ppn: int, mode: str) -> tuple[api.Prepared, Path]:
+def probe_prepared(tmp_path: Path, nodes: int, ppn: int, mode: str, stall: float = 60,
+                   restarts: int = 0) -> tuple[api.Prepared, Path]:
     recipe = tmp_path / "probe.yaml"
-    recipe.write_text(RECIPE)
+    recipe.write_text(recipe_text(stall, restarts))
     out = tmp_path / "probe_out"
     out.mkdir(exist_ok=True)
     prep = api.prepare(str(recipe), nodes=nodes, procs_per_node=ppn, cwd=tmp_path, check_trainer=False)
@@ -50,6 +53,7 @@ def job_pids(plan: LaunchPlan, out: Path) -> list[int]:
         info = json.loads((run_dir / "nodes" / str(r) / "agent.json").read_text())
         pids += [info["pid"], info["agent_pid"]]
         pids += group_members(info["pgid"])
+        pids += marked(info["token"])
     return pids
 
 
@@ -75,9 +79,11 @@ def test_ranks_join_one_group_across_nodes(tmp_path, nodes, ppn, monkeypatch):
     assert sorted(int(s["node"]) for s in seen) == sorted(r // ppn for r in range(world))
     assert all(s["secret"] == "s3cr3t-canary-value" for s in seen)
     run_dir = Path(prep.plan.run_dir)
+    assert run_dir.stat().st_mode & 0o077 == 0
     for f in run_dir.rglob("*"):
         if f.is_file():
             assert b"s3cr3t-canary-value" not in f.read_bytes(), f
+        if f.is_dir() or f.name in ("plan.json", "recipe.yaml", "accelerate.yaml", "command.txt", "agent.json"):
             assert f.stat().st_mode & 0o077 == 0, f"{f} is not owner-only"
 
 
@@ -154,3 +160,53 @@ def test_killed_submitter_leaves_no_orphans(tmp_path):
     proc.wait()
     gone = wait_gone(pids, 15)
     print(f"submitter SIGKILLed -> job gone in {gone:.2f}s")
+
+
+def test_sigstopped_rank_is_detected_as_hang_and_torn_down(tmp_path):
+    prep, out = probe_prepared(tmp_path, 2, 1, "loop", stall=3)
+    from launchers.local import LocalLauncher
+    launcher = LocalLauncher(grace=2)
+    run_dir = Path(prep.plan.run_dir)
+    api.write_files(prep.files, run_dir)
+    handle = launcher.submit(launcher.prepare(prep.plan))
+    deadline = time.monotonic() + 60
+    while not (run_dir / "heartbeats" / "rank1.jsonl").exists() or \
+            (run_dir / "heartbeats" / "rank1.jsonl").stat().st_size < 200:
+        assert time.monotonic() < deadline, "probe did not start"
+        time.sleep(0.1)
+    victim = int((out / "pid1").read_text())
+    pids = job_pids(prep.plan, out)
+    t0 = time.monotonic()
+    os.kill(victim, signal.SIGSTOP)
+    result = launcher.wait(handle)
+    detected = time.monotonic() - t0
+    gone = wait_gone(pids, 15) + detected
+    assert result.state == "FAILED" and result.hung
+    assert result.root_cause.startswith("rank 1 on localhost hung: no heartbeat for"), result.root_cause
+    assert f"(process {victim} is stopped)" in result.root_cause
+    stack = (run_dir / "stacks" / "rank1.txt").read_text()
+    assert "dist_probe.py" in stack or "Thread" in stack, stack[:500]
+    print(f"SIGSTOP -> hang detected and job gone in {gone:.2f}s (stall_timeout 3s)")
+    assert detected < 3 + 5
+
+
+def test_restart_resumes_and_finishes(tmp_path):
+    prep, out = probe_prepared(tmp_path, 2, 1, "fail_until:2", restarts=1)
+    result = api.submit(prep)
+    assert result.state == "COMPLETED", result.root_cause
+    assert result.restarts == 1
+    assert (out / "attempts").read_text() == "2"
+    from orchestrator.store import JobStore
+    rec = JobStore().get(prep.plan.job_id)
+    assert rec.restarts == 1 and rec.state == "COMPLETED"
+    events = [e["state"] for e in JobStore().events(prep.plan.job_id)]
+    assert events.count("RESTARTING") == 1 and events[-1] == "COMPLETED"
+
+
+def test_crash_loop_stops(tmp_path):
+    prep, out = probe_prepared(tmp_path, 2, 1, "fail_until:100", restarts=5)
+    result = api.submit(prep)
+    assert result.state == "FAILED"
+    assert "crash loop: 2 restarts in a row made no progress" in result.root_cause
+    assert (out / "attempts").read_text() == "3"  # first try + 2 restarts without progress
+    assert result.restarts == 2

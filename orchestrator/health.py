@@ -1,0 +1,161 @@
+"""Rank health from heartbeats: who is alive, who is hung, and whether a run made progress.
+
+`HealthMonitor` is pure (fed heartbeat records with the time they were received, asked about `now`):
+a rank is hung when no heartbeat arrived for `stall_timeout` seconds after its first step,
+`startup_timeout` before it (model load), `save_timeout` while it saves a checkpoint. `HeartbeatTail`
+reads new lines from RUN_DIR/heartbeats/*.jsonl incrementally (shared filesystem / local), and
+`parse_forwarded` reads the `ORCHESTRATE_HB {json}` lines node agents forward over their output.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HB_PREFIX = "ORCHESTRATE_HB "
+
+
+@dataclass
+class RankState:
+    rank: int
+    host: str = ""
+    step: int = 0
+    max_steps: int | None = None
+    loss: float | None = None
+    tokens: int | None = None
+    event: str = ""
+    t: float = 0.0  # the rank's own clock, for display
+    received: float = 0.0  # the monitor's clock
+    stepped: bool = False
+    losses: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Stall:
+    rank: int
+    host: str
+    step: int
+    silent_s: float
+    limit_s: float
+    phase: str  # startup | training | saving
+
+    def describe(self) -> str:
+        return (f"rank {self.rank} on {self.host or '?'} hung: no heartbeat for {self.silent_s:.0f}s during "
+                f"{self.phase} (limit {self.limit_s:.0f}s), last step {self.step}")
+
+
+class HealthMonitor:
+    def __init__(self, health: dict[str, Any], world_size: int, started: float):
+        self.stall_timeout = float(health.get("stall_timeout", 300))
+        self.startup_timeout = float(health.get("startup_timeout", 1800))
+        self.save_timeout = float(health.get("save_timeout", 1800))
+        self.world_size = world_size
+        self.started = started
+        self.ranks: dict[int, RankState] = {}
+
+    def feed(self, rec: dict[str, Any], received: float) -> None:
+        try:
+            rank = int(rec["rank"])
+        except (KeyError, TypeError, ValueError):
+            return
+        st = self.ranks.setdefault(rank, RankState(rank))
+        st.received = received
+        st.t = float(rec.get("t") or 0.0)
+        st.host = str(rec.get("host") or st.host)
+        st.event = str(rec.get("event") or "")
+        step = rec.get("step")
+        if isinstance(step, int):
+            st.step = max(st.step, step)
+        if rec.get("max_steps") is not None:
+            st.max_steps = rec.get("max_steps")
+        if rec.get("tokens") is not None:
+            st.tokens = rec.get("tokens")
+        loss = rec.get("loss")
+        if isinstance(loss, (int, float)):
+            st.loss = float(loss)
+            st.losses.append((st.step, float(loss)))
+        if st.event in ("step", "save_start", "save") and isinstance(step, int) and step > 0:
+            st.stepped = True
+
+    def stalls(self, now: float) -> list[Stall]:
+        """Hung ranks, the longest silent first. Ranks that ended are never hung."""
+        out = []
+        for rank in range(self.world_size):
+            st = self.ranks.get(rank)
+            if st is not None and st.event == "end":
+                continue
+            if st is None or not st.stepped:
+                ref, limit, phase = (st.received if st else self.started), self.startup_timeout, "startup"
+            elif st.event == "save_start":
+                ref, limit, phase = st.received, self.save_timeout, "checkpoint save"
+            else:
+                ref, limit, phase = st.received, self.stall_timeout, "training"
+            silent = now - ref
+            if silent > limit:
+                out.append(Stall(rank, st.host if st else "", st.step if st else 0, silent, limit, phase))
+        return sorted(out, key=lambda s: (-s.silent_s, s.rank))
+
+    def progress(self) -> int:
+        """The step every rank has reached (the slowest rank's step)."""
+        if not self.ranks:
+            return 0
+        return min((self.ranks[r].step if r in self.ranks else 0) for r in range(self.world_size))
+
+    def snapshot(self) -> list[RankState]:
+        return [self.ranks[r] for r in sorted(self.ranks)]
+
+
+def parse_forwarded(line: str) -> dict[str, Any] | None:
+    if not line.startswith(HB_PREFIX):
+        return None
+    try:
+        rec = json.loads(line[len(HB_PREFIX):])
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+class HeartbeatTail:
+    """Incrementally read complete new lines of every rank<G>.jsonl in a directory."""
+
+    def __init__(self, directory: Path, ranks: set[int] | None = None):
+        self.dir = Path(directory)
+        self.ranks = ranks
+        self.offsets: dict[Path, int] = {}
+
+    def read(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if not self.dir.is_dir():
+            return out
+        for path in sorted(self.dir.glob("rank*.jsonl")):
+            if self.ranks is not None:
+                try:
+                    if int(path.stem[4:]) not in self.ranks:
+                        continue
+                except ValueError:
+                    continue
+            off = self.offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(off)
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n")
+            if end < 0:
+                continue
+            self.offsets[path] = off + end + 1
+            for line in data[:end].splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    out.append(rec)
+        return out
+
+
+def read_all(directory: Path) -> list[dict[str, Any]]:
+    return HeartbeatTail(directory).read()
