@@ -52,7 +52,7 @@ class LocalLauncher:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True, mode=0o700)
         env = dict(os.environ)
         for node in submission.nodes:
-            argv = [*node.argv, "--parent-pid", str(os.getpid()), "--grace", str(self.grace)]
+            argv = [*node.argv, "--parent-pid", str(os.getpid()), "--grace", str(self.grace), "--forward-heartbeats"]
             log = open(run_dir / "logs" / f"node{node.node_rank}.log", "ab", buffering=0)
             os.chmod(log.name, 0o600)
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -253,7 +253,9 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
     run_dir = Path(plan.run_dir) if prepared.cluster.kind != "ssh" or (prepared.cluster.ssh and
                                                                         prepared.cluster.ssh.shared_fs) \
         else _home() / "runs" / plan.job_id
-    write_files(prepared.files, run_dir)
+    from orchestrator.spec import cluster_to_dict
+    write_files(dict(prepared.files, **{"cluster.json": json.dumps(cluster_to_dict(prepared.cluster), indent=2,
+                                                                   sort_keys=True) + "\n"}), run_dir)
     store = JobStore()
     store.create(job_id=plan.job_id, recipe=prepared.recipe.source, recipe_digest=digest(prepared.files["recipe.yaml"]),
                  cluster=prepared.cluster.name, backend=prepared.cluster.kind, nodes=plan.nodes,
@@ -283,10 +285,17 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
     return dataclasses.replace(result, restarts=restarts)
 
 
-def _run_once(prepared: Prepared, store, run_dir: Path, attempt: int, on_line, on_event):
+def make_launcher(cluster: ClusterSpec, local_run_dir: Path | None = None):
     from launchers import get_launcher
+    if cluster.kind == "ssh":
+        from launchers.ssh import SSHLauncher
+        return SSHLauncher(cluster, local_run_dir=str(local_run_dir) if local_run_dir else None)
+    return get_launcher(cluster.kind, cluster)
+
+
+def _run_once(prepared: Prepared, store, run_dir: Path, attempt: int, on_line, on_event):
     plan = prepared.plan
-    launcher = get_launcher(prepared.cluster.kind, prepared.cluster)
+    launcher = make_launcher(prepared.cluster, run_dir)
     submission = launcher.prepare(plan)
     if on_event and attempt == 0:
         on_event("submitting", {"job_id": plan.job_id, "run_dir": str(run_dir)})
@@ -297,6 +306,11 @@ def _run_once(prepared: Prepared, store, run_dir: Path, attempt: int, on_line, o
         store.update(plan.job_id, "FAILED", detail=str(e)[:500], root_cause=str(e)[:500])
         raise
     store.update(plan.job_id, "RUNNING", handle=handle.uri)
+    try:
+        write_files({"handle.json": json.dumps({"uri": handle.uri, "data": handle.data}, default=str, indent=2,
+                                               sort_keys=True) + "\n"}, run_dir)
+    except (OSError, TypeError):
+        pass
     if on_event:
         on_event("running", {"job_id": plan.job_id, "handle": handle.uri, "attempt": attempt})
     return launcher.wait(handle, on_line=on_line)

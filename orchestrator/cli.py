@@ -19,7 +19,7 @@ EPILOG = """examples:
   orchestrate submit recipes/configs/sft_tiny.yaml
   orchestrate submit recipe.yaml --nodes 2 --cluster cluster_configs/ssh_example.yaml trainer.learning_rate=1e-4
   orchestrate render recipe.yaml --nodes 2 --out /tmp/plan
-  orchestrate ls | status JOB | logs JOB [--node N] | cancel JOB
+  orchestrate ls | status JOB | logs JOB [-f] [--rank R|--node N] [--grep RE] | plot JOB | cancel JOB
 """
 
 
@@ -55,13 +55,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", "-o", required=True, help="output directory")
     r.add_argument("--json", action="store_true", help="print the plan as JSON instead of the summary")
 
-    sub.add_parser("ls", help="recent jobs").add_argument("--limit", type=int, default=20)
-    st = sub.add_parser("status", help="state of one job")
-    st.add_argument("job")
+    ls = sub.add_parser("ls", help="recent jobs (state, nodes, step, age)")
+    ls.add_argument("--limit", type=int, default=20)
+    ls.add_argument("--json", action="store_true")
+    st = sub.add_parser("status", help="one job per node and rank: host, step, loss, heartbeat age, exit code")
+    st.add_argument("job", help="job id (a unique prefix is enough)")
     st.add_argument("--json", action="store_true")
-    lg = sub.add_parser("logs", help="a job's logs, prefixed by node")
+    lg = sub.add_parser("logs", help="a job's logs, merged and prefixed by node")
     lg.add_argument("job")
-    lg.add_argument("--node", type=int, default=None)
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    who = lg.add_mutually_exclusive_group()
+    who.add_argument("--node", type=int, default=None, help="only this node")
+    who.add_argument("--rank", type=int, default=None, help="only the node of this global rank, and its lines")
+    lg.add_argument("--grep", default=None, metavar="RE", help="only lines matching this regular expression")
+    pl = sub.add_parser("plot", help="PNG of loss and tokens/s per rank over steps")
+    pl.add_argument("job")
+    pl.add_argument("--out", "-o", default=None, help="PNG path (default RUN_DIR/plot.png)")
     c = sub.add_parser("cancel", help="cancel a job: every process on every node")
     c.add_argument("job")
     return ap
@@ -96,10 +105,17 @@ def cmd_submit(args) -> int:
     print(summary(prepared.plan), flush=True)
     if args.dry_run:
         return 0
+    from orchestrator.health import parse_forwarded
+    from orchestrator.progress import Progress
     result_line: dict = {}
     hosts = {n.node_rank: n.host or f"node{n.node_rank}" for n in prepared.plan.node_plans}
+    progress = Progress(rich=sys.stdout.isatty() and args.quiet)
 
     def on_line(rank: int, line: str) -> None:
+        hb = parse_forwarded(line)
+        if hb is not None:
+            progress.feed(hb)
+            return
         if line.startswith("ORCHESTRATE_RESULT "):
             try:
                 result_line.update(json.loads(line.split(" ", 1)[1]))
@@ -111,8 +127,14 @@ def cmd_submit(args) -> int:
     def on_event(kind: str, data: dict) -> None:
         if kind == "submitting":
             print(f"job {data['job_id']}: run dir {data['run_dir']}", flush=True)
+        elif kind == "restart":
+            print(f"job {data['job_id']}: restart {data['restart']}/{data['max_restarts']} from the latest "
+                  f"checkpoint (furthest step {data['step']}): {data['reason']}", flush=True)
 
-    result = api.submit(prepared, on_line=on_line, on_event=on_event)
+    try:
+        result = api.submit(prepared, on_line=on_line, on_event=on_event)
+    finally:
+        progress.close()
     job = prepared.plan.job_id
     if result.state == "COMPLETED":
         msg = f"job {job} COMPLETED"
@@ -139,59 +161,121 @@ def _record(job: str):
 
 
 def cmd_ls(args) -> int:
-    import time
     from orchestrator.store import JobStore
-    rows = JobStore().list(args.limit)
-    if not rows:
-        print("no jobs yet")
-        return 0
-    print(f"{'JOB':<44} {'STATE':<10} {'BACKEND':<7} {'NODES':>5} {'AGE':>8}")
-    for r in rows:
-        age = int(time.time() - r.created)
-        print(f"{r.id:<44} {r.state:<10} {r.backend:<7} {r.nodes:>5} {age // 60:>5}m{age % 60:02d}s")
+    from orchestrator.views import jobs_text, last_step
+    rows = [dict(r.to_dict(), step=last_step(r.run_dir)) for r in JobStore().list(args.limit)]
+    print(json.dumps(rows, indent=2, sort_keys=True) if args.json else jobs_text(rows))
     return 0
 
 
 def cmd_status(args) -> int:
-    rec = _record(args.job)
-    if args.json:
-        print(json.dumps(rec.to_dict(), indent=2, sort_keys=True))
-        return 0
-    for k in ("id", "state", "backend", "handle", "cluster", "nodes", "world_size", "exit_code", "root_cause",
-              "run_dir"):
-        print(f"{k:<11} {getattr(rec, k)}")
+    from orchestrator.views import job_status, status_text
+    st = job_status(_record(args.job).to_dict())
+    print(json.dumps(st, indent=2, sort_keys=True) if args.json else status_text(st))
     return 0
 
 
+def _log_filter(args, plan: dict):
+    import re
+    pattern = re.compile(args.grep) if args.grep else None
+    node = args.node
+    other_rank = None
+    if args.rank is not None:
+        ppn = int(plan.get("procs_per_node") or 1)
+        node = args.rank // ppn
+        other_rank = re.compile(r"^\[rank(\d+)\]")
+
+    def keep(n: int, line: str) -> bool:
+        if node is not None and n != node:
+            return False
+        if other_rank is not None:
+            m = other_rank.match(line)
+            if m and int(m.group(1)) != args.rank:
+                return False
+        return pattern is None or bool(pattern.search(line))
+    return keep
+
+
 def cmd_logs(args) -> int:
+    import re
+    import time
     from pathlib import Path
-    from launchers.base import JobHandle
-    from launchers.local import LocalLauncher
+    from orchestrator.store import TERMINAL, JobStore
     rec = _record(args.job)
-    for line in LocalLauncher().logs(JobHandle(rec.handle or "", {"run_dir": rec.run_dir}), args.node):
-        print(line)
+    run_dir = Path(rec.run_dir)
+    try:
+        plan = json.loads((run_dir / "plan.json").read_text())
+    except (OSError, ValueError):
+        plan = {}
+    hosts = {n["node_rank"]: n.get("host") or f"node{n['node_rank']}" for n in plan.get("node_plans", [])}
+    keep = _log_filter(args, plan)
+    offsets: dict[Path, int] = {}
+    pending: dict[Path, bytes] = {}
+
+    def drain() -> None:
+        for path in sorted((run_dir / "logs").glob("node*.log")):
+            m = re.fullmatch(r"node(\d+)\.log", path.name)
+            if not m:
+                continue
+            n = int(m.group(1))
+            with open(path, "rb") as f:
+                f.seek(offsets.get(path, 0))
+                data = pending.get(path, b"") + f.read()
+                offsets[path] = f.tell()
+            *lines, rest = re.split(rb"[\r\n]", data)
+            pending[path] = rest
+            for raw in lines:
+                line = raw.decode(errors="replace")
+                if line.strip() and keep(n, line):
+                    print(f"[{hosts.get(n, '?')} node{n}] {line}", flush=True)
+    drain()
+    while args.follow:
+        state = JobStore().get(rec.id).state
+        time.sleep(0.5)
+        drain()
+        if state in TERMINAL:
+            break
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from pathlib import Path
+    from orchestrator.plot import plot_job
+    rec = _record(args.job)
+    path = plot_job(rec.run_dir, args.out or str(Path(rec.run_dir) / "plot.png"), title=rec.id)
+    print(f"wrote {path}")
     return 0
 
 
 def cmd_cancel(args) -> int:
     from pathlib import Path
-    from launchers import get_launcher
     from launchers.base import JobHandle
-    from orchestrator.store import JobStore
+    from orchestrator import api
+    from orchestrator.spec import cluster_from_dict
+    from orchestrator.store import TERMINAL, JobStore
     rec = _record(args.job)
+    if rec.state in TERMINAL:
+        print(f"job {rec.id} already {rec.state}")
+        return 0
+    run_dir = Path(rec.run_dir)
     if rec.backend == "local":
         from launchers.local import cancel_run_dir
-        cancel_run_dir(Path(rec.run_dir))
+        cancel_run_dir(run_dir)
     else:
-        from orchestrator.spec import ClusterSpec
-        get_launcher(rec.backend, None).cancel(JobHandle(rec.handle or "", {"run_dir": rec.run_dir}))
+        try:
+            cluster = cluster_from_dict(json.loads((run_dir / "cluster.json").read_text()))
+            h = json.loads((run_dir / "handle.json").read_text())
+        except (OSError, ValueError) as e:
+            from orchestrator.errors import OrchestratorError
+            raise OrchestratorError(f"job {rec.id}: cannot cancel, run dir incomplete ({e})") from None
+        api.make_launcher(cluster, run_dir).cancel(JobHandle(h["uri"], dict(h.get("data") or {}, run_dir=str(run_dir))))
     JobStore().update(rec.id, "CANCELLED", detail="cancelled by the user")
     print(f"job {rec.id} cancelled")
     return 0
 
 
 COMMANDS = {"submit": cmd_submit, "render": cmd_render, "ls": cmd_ls, "status": cmd_status, "logs": cmd_logs,
-            "cancel": cmd_cancel}
+            "plot": cmd_plot, "cancel": cmd_cancel}
 
 
 def main(argv: list[str] | None = None) -> int:

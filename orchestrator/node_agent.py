@@ -166,10 +166,12 @@ class Agent:
 
     def watch_stdin(self) -> None:
         def run() -> None:
+            # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader makes the interpreter
+            # abort at exit ("_enter_buffered_busy").
             try:
-                while sys.stdin.buffer.read1(4096) if hasattr(sys.stdin.buffer, "read1") else sys.stdin.read(1):
+                while os.read(0, 4096):
                     pass
-            except (OSError, ValueError):
+            except OSError:
                 pass
             self.stop("controlling connection closed (stdin EOF)")
         threading.Thread(target=run, daemon=True).start()
@@ -220,7 +222,14 @@ class Agent:
 
 
 def read_secrets_line() -> dict[str, str]:
-    line = sys.stdin.buffer.readline()
+    """One JSON line from fd 0, read byte-wise so nothing after it is swallowed by a buffer."""
+    buf = bytearray()
+    while not buf.endswith(b"\n"):
+        b = os.read(0, 1)
+        if not b:
+            break
+        buf += b
+    line = bytes(buf)
     if not line.strip():
         return {}
     data = json.loads(line)

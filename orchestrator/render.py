@@ -17,7 +17,8 @@ HEADER = "# Rendered by orchestrate for job {job}, node {rank} of {nodes}. Loade
 
 def _yaml(data: Any) -> str:
     import yaml
-    return yaml.safe_dump(data, sort_keys=True, default_flow_style=False, width=120)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml: ~10x faster for 1000s of nodes
+    return yaml.dump(data, Dumper=dumper, sort_keys=True, default_flow_style=False, width=120, allow_unicode=True)
 
 
 def node_accelerate_yaml(plan: LaunchPlan, rank: int) -> str:
@@ -41,8 +42,17 @@ def node_command_text(plan: LaunchPlan, rank: int) -> str:
 
 def render_files(plan: LaunchPlan, recipe_dict: dict[str, Any]) -> dict[str, str]:
     files = {"plan.json": plan.to_json(), "recipe.yaml": _yaml(recipe_dict)}
+    # Nodes differ only in machine_rank: dump once, substitute the rank line (same bytes as dumping each).
+    template = _yaml(dict(plan.node_plans[0].accelerate_config, machine_rank="__MACHINE_RANK__"))
+    same_shape = all(dict(n.accelerate_config, machine_rank=0) == dict(plan.node_plans[0].accelerate_config,
+                                                                        machine_rank=0) for n in plan.node_plans)
     for node in plan.node_plans:
-        files[f"nodes/{node.node_rank}/accelerate.yaml"] = node_accelerate_yaml(plan, node.node_rank)
+        r = node.node_rank
+        if same_shape:
+            body = template.replace("machine_rank: __MACHINE_RANK__\n", f"machine_rank: {r}\n")
+            files[f"nodes/{r}/accelerate.yaml"] = HEADER.format(job=plan.job_id, rank=r, nodes=plan.nodes) + body
+        else:
+            files[f"nodes/{r}/accelerate.yaml"] = node_accelerate_yaml(plan, r)
         files[f"nodes/{node.node_rank}/command.txt"] = node_command_text(plan, node.node_rank)
     return files
 

@@ -346,3 +346,18 @@ def load(recipe_path: str, cluster_path: str | None = None, flags: dict[str, Any
         raise ConfigError([Problem(e.source or "", str(p)) for e in errors for p in e.problems])
     assert recipe is not None and cluster is not None
     return recipe, cluster
+
+
+def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
+    from dataclasses import asdict
+    return asdict(cluster)
+
+
+def cluster_from_dict(d: dict[str, Any]) -> ClusterSpec:
+    """Inverse of cluster_to_dict (the run dir's cluster.json: cancel/status from another process)."""
+    d = dict(d)
+    if d.get("ssh"):
+        d["ssh"] = SSHSpec(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d["ssh"].items()})
+    if d.get("slurm"):
+        d["slurm"] = SlurmSpec(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d["slurm"].items()})
+    return ClusterSpec(**d)

@@ -1,0 +1,116 @@
+"""The job store under concurrent orchestrate processes, and the operator views (golden text)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from orchestrator.store import JobStore
+from orchestrator.views import jobs_text, sparkline, status_text
+
+REPO = Path(__file__).resolve().parents[2]
+
+WORKER = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from orchestrator.store import JobStore
+s = JobStore()
+i = int(sys.argv[1])
+jid = f"job-{{i:02d}}"
+s.create(job_id=jid, recipe="r.yaml", recipe_digest="d", cluster="c", backend="local", nodes=2, world_size=2,
+         run_dir="/tmp/x")
+for state in ("RUNNING", "RESTARTING", "RUNNING", "COMPLETED"):
+    s.update(jid, state, detail=f"{{state}} by {{i}}")
+    assert s.get(jid).state == state
+    s.list(50)
+print("ok", i)
+"""
+
+
+def test_twenty_concurrent_processes_lose_nothing(tmp_path):
+    env = dict(os.environ, ORCHESTRATE_HOME=str(tmp_path))
+    code = WORKER.format(repo=str(REPO))
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(20)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs if o[1]]
+    store = JobStore(tmp_path / "jobs.db")
+    jobs = store.list(100)
+    assert len(jobs) == 20 and {j.state for j in jobs} == {"COMPLETED"}
+    for j in jobs:
+        assert [e["state"] for e in store.events(j.id)] == ["PENDING", "RUNNING", "RESTARTING", "RUNNING", "COMPLETED"]
+    import sqlite3
+    assert sqlite3.connect(tmp_path / "jobs.db").execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert (tmp_path / "jobs.db").stat().st_mode & 0o077 == 0
+
+
+def test_sparkline():
+    assert sparkline([3, 2, 1]) == "█▅▁"
+    assert sparkline([1, 1]) == "▁▁"
+    assert len(sparkline(list(range(100)), width=10)) == 10
+    assert sparkline([]) == ""
+
+
+def _status_fixture(tmp_path: Path) -> dict:
+    run = tmp_path / "run"
+    (run / "nodes" / "0").mkdir(parents=True)
+    (run / "nodes" / "1").mkdir(parents=True)
+    (run / "heartbeats").mkdir()
+    (run / "plan.json").write_text(json.dumps({"world_size": 2, "procs_per_node": 1, "health": {},
+                                               "node_plans": [{"node_rank": 0, "host": "gpu01", "ranks": [0]},
+                                                              {"node_rank": 1, "host": "gpu02", "ranks": [1]}]}))
+    (run / "nodes" / "0" / "agent.json").write_text(json.dumps({"host": "gpu01"}))
+    (run / "nodes" / "1" / "exit.json").write_text(json.dumps({"returncode": 137, "stop_reason": "signal SIGTERM"}))
+    for rank in (0, 1):
+        lines = [json.dumps({"t": 1000.0 + s, "rank": rank, "host": f"gpu0{rank + 1}", "step": s, "max_steps": 10,
+                             "loss": 6.0 - s * 0.5 - rank * 0.1, "tokens": s * 100, "event": "step"})
+                 for s in range(1, 6 - rank * 2)]
+        (run / "heartbeats" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    return {"id": "sft-1", "state": "FAILED", "backend": "ssh", "handle": "ssh://sft-1", "cluster": "lab",
+            "world_size": 2, "restarts": 1, "exit_code": 1, "root_cause": "node 1 (gpu02) failed: signal SIGKILL",
+            "run_dir": str(run), "created": 900.0, "updated": 1010.0}
+
+
+def test_status_text_golden(tmp_path):
+    from orchestrator.views import job_status
+    st = job_status(_status_fixture(tmp_path), now=1010.0)
+    text = status_text(st).replace(str(tmp_path), "TMP")
+    assert text == """job      sft-1
+state    FAILED  (exit 1)
+backend  ssh  ssh://sft-1
+cluster  lab
+restarts 1
+run dir  TMP/run
+cause    node 1 (gpu02) failed: signal SIGKILL
+
+NODE  HOST                 RANKS     EXIT  NOTE
+0     gpu01                0-0       -
+1     gpu02                1-1       137   signal SIGTERM
+
+RANK  HOST                       STEP     LOSS   BEAT  LOSS CURVE
+0     gpu01                      5/10   3.5000     5s  █▆▅▃▁
+1     gpu02                      3/10   4.4000     7s  █▅▁"""
+    assert st["ranks"][1]["heartbeat_age_s"] == 7.0
+
+
+def test_jobs_text_golden():
+    rows = [{"id": "sft_tiny-20261122-0400-ab12", "state": "RUNNING", "backend": "local", "nodes": 2, "step": 12,
+             "created": 1000.0},
+            {"id": "dpo-20261122-0300-cd34", "state": "COMPLETED", "backend": "slurm", "nodes": 4, "step": None,
+             "created": 0.0}]
+    assert jobs_text(rows, now=1090.0) == (
+        "JOB                                          STATE      BACKEND NODES    STEP    AGE\n"
+        "sft_tiny-20261122-0400-ab12                  RUNNING    local       2      12    90s\n"
+        "dpo-20261122-0300-cd34                       COMPLETED  slurm       4       -    18m")
+    assert jobs_text([]) == "no jobs yet"
+
+
+def test_plot_png(tmp_path):
+    from orchestrator.plot import plot_job
+    rec = _status_fixture(tmp_path)
+    png = plot_job(rec["run_dir"], str(tmp_path / "p.png"), "sft-1")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
