@@ -200,8 +200,10 @@ def _python_for(cluster: ClusterSpec) -> str:
 
 def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | None = None,
             procs_per_node: int | None = None, profile: str | None = None, overrides: list[str] | None = None,
-            cwd: Path | None = None, job_id: str | None = None, check_trainer: bool = True) -> Prepared:
-    """Everything `render` shows and `submit` runs, without writing anything."""
+            cwd: Path | None = None, job_id: str | None = None, check_trainer: bool = True,
+            run_dir: str | None = None) -> Prepared:
+    """Everything `render` shows and `submit` runs, without writing anything. `run_dir` overrides where the
+    run dir is (render: the output directory, so a rendered job.sbatch can be submitted by hand from it)."""
     cwd = Path(cwd or os.getcwd())
     flags = {"nodes": nodes, "procs_per_node": procs_per_node, "profile": profile}
     recipe, cluster = load(recipe_path, cluster_path, flags=flags, overrides=overrides,
@@ -210,12 +212,14 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
     profile_name, profile_cfg = load_profile(recipe, cwd)
     job_id = job_id or new_job_id(recipe)
     port = recipe.launch.port or (free_port() if cluster.kind == "local" else 29500)
-    facts = PlanFacts(job_id=job_id, run_dir=_run_dir_for(cluster, job_id), output_dir=recipe.trainer["output_dir"],
+    facts = PlanFacts(job_id=job_id, run_dir=run_dir or _run_dir_for(cluster, job_id), output_dir=recipe.trainer["output_dir"],
                       python=_python_for(cluster), port=port, accelerator=detect_accelerator(cluster),
                       profile_name=profile_name, profile_config=profile_cfg, model_facts=model_facts(recipe),
                       hosts=cluster.ssh.hosts if cluster.ssh else ())
     plan = make_plan(recipe, cluster, facts)
     files = render_files(plan, recipe.to_dict())
+    if cluster.kind == "slurm":  # the standalone job.sbatch is part of what render shows (pure prepare)
+        files.update(make_launcher(cluster).prepare(plan).files)
     return Prepared(recipe=recipe, cluster=cluster, plan=plan, files=files)
 
 

@@ -76,25 +76,27 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _prepare(args):
+def _prepare(args, run_dir: str | None = None):
     from orchestrator import api
     return api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
-                       profile=args.profile, overrides=args.overrides)
+                       profile=args.profile, overrides=args.overrides, run_dir=run_dir)
 
 
 def cmd_render(args) -> int:
     from pathlib import Path
     from orchestrator import api
     from orchestrator.render import summary
-    prepared = _prepare(args)
-    out = Path(args.out)
+    out = Path(args.out).expanduser().resolve()
+    prepared = _prepare(args, run_dir=str(out))
     api.write_files(prepared.files, out)
     if args.json:
         print(prepared.plan.to_json(), end="")
     else:
         print(summary(prepared.plan))
+        extra = ", job.sbatch (submit it by hand with: sbatch " + str(out / "job.sbatch") + ")" \
+            if "job.sbatch" in prepared.files else ""
         print(f"wrote {len(prepared.files)} files to {out}/ (plan.json, recipe.yaml, nodes/<rank>/accelerate.yaml, "
-              f"nodes/<rank>/command.txt)")
+              f"nodes/<rank>/command.txt{extra})")
     return 0
 
 

@@ -122,8 +122,11 @@ class Agent:
         self.write_config()
         (self.run_dir / "heartbeats").mkdir(parents=True, exist_ok=True, mode=0o700)
         argv = rebase(self.plan.node(self.rank).command, self.plan.run_dir, str(self.run_dir))
+        # SLURM signals every process of a step; torchrun has no USR2 handler and would die of it, orphaning
+        # the ranks. Ignored dispositions survive exec, so the launcher ignores USR2 and each rank's own
+        # handler (the recipes' save-on-signal) replaces the ignore in the ranks.
         self.proc = subprocess.Popen(argv, env=self.environment(secrets), start_new_session=True,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, preexec_fn=_ignore_usr2)
         write_json(self.node_dir / "agent.json", {
             "agent_pid": os.getpid(), "agent_pgid": os.getpgrp(), "pid": self.proc.pid, "pgid": self.proc.pid,
             "host": socket.gethostname(), "node_rank": self.rank, "main_ip": self.main_ip, "started": time.time(),
@@ -216,9 +219,27 @@ class Agent:
             hb.join(timeout=2)
         sig = -rc if rc < 0 else None
         code = 128 + sig if sig else rc
-        write_json(self.node_dir / "exit.json", {"returncode": code, "signal": sig, "time": time.time(),
-                                                 "stop_reason": self.stop_reason})
-        return code
+        preempted = code != 0 and self.ranks_preempted()
+        write_json(self.node_dir / "exit.json", {"returncode": 0 if preempted else code, "signal": sig,
+                                                 "time": time.time(), "stop_reason": self.stop_reason,
+                                                 "preempted": preempted, "launch_returncode": code})
+        # A node whose ranks all saved a checkpoint on a preemption signal and stopped has done its job:
+        # exit 0, so `srun --kill-on-bad-exit` does not kill other nodes still saving.
+        return 0 if preempted else code
+
+    def ranks_preempted(self) -> bool:
+        """True when every rank of this node's last heartbeat says it stopped after a preemption save."""
+        from orchestrator.health import read_all
+        last: dict[int, str] = {}
+        for rec in read_all(self.run_dir / "heartbeats"):
+            if rec.get("rank") in self.plan.node(self.rank).ranks:
+                last[rec["rank"]] = str(rec.get("event"))
+        ranks = self.plan.node(self.rank).ranks
+        return bool(ranks) and all(last.get(r) == "preempted" for r in ranks)
+
+
+def _ignore_usr2() -> None:
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
 def read_secrets_line() -> dict[str, str]:

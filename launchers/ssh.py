@@ -1,0 +1,696 @@
+"""SSH backend: runs one node agent per host over paramiko, streams its output, fails fast, no orphans.
+
+Owns: `SSHLauncher` (prepare / submit / wait / status / cancel / logs) for `kind: ssh` clusters.
+submit = pre-flight of ALL hosts (nothing starts unless every host passes) -> copy the run dir's
+files to each host (SFTP, 0700/0600; skipped with shared_fs) -> start
+`setsid -w PYTHON -m orchestrator.node_agent RUN_DIR --node-rank R --watch-stdin --secrets-stdin`
+over the pre-flight connections, secrets as one JSON line on its stdin. wait = live output
+(`[host node/R] ...`) to a callback and RUN_DIR/logs/node<R>.log; the first node that fails is the
+root cause and every node's process groups get TERM, then KILL after a grace. If this process dies,
+its connections close, the agents see EOF on stdin and tear their nodes down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import re
+import signal as _signal
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from orchestrator.health import HealthMonitor, parse_forwarded
+from launchers.base import JobHandle, JobResult, NodeCommand, NodeExit, Submission
+from launchers.supervise import root_cause_text
+from orchestrator.errors import LaunchError, PreflightError, Problem
+from orchestrator.jobplan import LaunchPlan
+
+logger = logging.getLogger("orchestrate.ssh")
+AGENT_MODULE = "orchestrator.node_agent"
+WRAPPER_MARK = "@@orchestrate-wrapper "
+DEFAULT_SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
+SECRET_SUFFIXES = ("_TOKEN", "_KEY", "_SECRET", "PASSWORD")
+GRACE_S = 2.0  # cancel / Ctrl-C: TERM, then KILL after this (ranks may checkpoint on TERM)
+FAILFAST_GRACE_S = 1.0  # a node failed: the others cannot finish a collective anyway
+TAIL_LINES = 20
+# Log lines that say a rank died because a PEER went away (not the root cause of a failure).
+PEER_HINTS = ("Connection reset by peer", "Connection closed by peer", "connectFullMesh", "Broken pipe",
+              "Socket closed", "ProcessGroupGloo", "recvBytes", "sendBytes")
+
+
+def is_secret_name(name: str) -> bool:
+    n = name.upper()
+    return n in DEFAULT_SECRETS or n.endswith(SECRET_SUFFIXES)
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)
+
+
+def agent_argv(python: str, run_dir: str, node_rank: int, module: str = AGENT_MODULE) -> tuple[str, ...]:
+    return ("setsid", "-w", python, "-m", module, run_dir, "--node-rank", str(node_rank),
+            "--watch-stdin", "--secrets-stdin", "--forward-heartbeats")
+
+
+def agent_shell(argv: tuple[str, ...]) -> str:
+    """The only shell string of the backend: print the wrapper's pid, then exec the quoted argv."""
+    from launchers.ssh_transport import remote_command
+    return f'echo "{WRAPPER_MARK}$$"; ' + remote_command(argv)
+
+
+def describe_exit(rc: int | None) -> tuple[str, int | None]:
+    if rc is None or rc < 0:
+        return "lost (no exit status: connection closed or killed by a signal)", None
+    if rc > 128 and rc - 128 < 65:
+        sig = rc - 128
+        try:
+            return f"exit code {rc} ({_signal.Signals(sig).name})", sig
+        except ValueError:
+            return f"exit code {rc} (signal {sig})", sig
+    return f"exit code {rc}", None
+
+
+@dataclass
+class _Node:
+    rank: int
+    host: str
+    run_dir: str  # on the host
+    argv: tuple[str, ...] = ()
+    chan: Any = None
+    wrapper_pid: int | None = None
+    agent: dict[str, Any] = field(default_factory=dict)
+    returncode: int | None = None
+    exited_at: float | None = None
+    exit_record: dict[str, Any] | None = None
+    torn_down_at: float | None = None
+    tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def pgids(self) -> list[int]:
+        out = []
+        for k in ("agent_pgid", "pgid"):
+            v = self.agent.get(k)
+            if isinstance(v, int) and v > 1 and v not in out:
+                out.append(v)
+        return out
+
+
+class _Job:
+    def __init__(self, job_id: str, local_run_dir: Path, nodes: list[_Node], pool: Any, shared_fs: bool):
+        self.job_id = job_id
+        self.local_run_dir = local_run_dir
+        self.nodes = nodes
+        self.pool = pool
+        self.shared_fs = shared_fs
+        self.events: queue.Queue = queue.Queue()
+        self.state = "RUNNING"
+        self.result: JobResult | None = None
+        self._sink: Callable[[int, str], None] | None = None
+        self._pending: list[tuple[int, str]] = []
+        self._lock = threading.Lock()
+        self.teardown_started: float | None = None
+        self.cancel_reason = ""
+        self.hang = ""
+        self.monitor: HealthMonitor | None = None
+        self.hb_files: dict[int, Any] = {}
+
+    def heartbeat(self, rec: dict[str, Any]) -> None:
+        """Feed the health monitor and keep a local copy (status/plot work without a shared filesystem)."""
+        if self.monitor is not None:
+            self.monitor.feed(rec, time.time())
+        if self.shared_fs or not isinstance(rec.get("rank"), int):
+            return
+        fh = self.hb_files.get(rec["rank"])
+        if fh is None:
+            d = self.local_run_dir / "heartbeats"
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fh = self.hb_files[rec["rank"]] = open(d / f"rank{rec['rank']}.jsonl", "a")
+        fh.write(json.dumps(rec, sort_keys=True) + "\n")
+        fh.flush()
+
+    def emit(self, rank: int, line: str) -> None:
+        with self._lock:
+            if self._sink is None:
+                self._pending.append((rank, line))
+                return
+            sink = self._sink
+        sink(rank, line)
+
+    def set_sink(self, sink: Callable[[int, str], None]) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._sink = sink
+        for rank, line in pending:
+            sink(rank, line)
+
+
+class SSHLauncher:
+    kind = "ssh"
+
+    def __init__(self, cluster: Any, *, grace_s: float = GRACE_S, failfast_grace_s: float = FAILFAST_GRACE_S,
+                 local_run_dir: str | None = None,
+                 agent_module: str = AGENT_MODULE):
+        self.cluster = cluster
+        self.local_run_dir = local_run_dir  # default: the run dir itself (shared_fs) or STORE_HOME/runs/<job>
+        self.agent_module = agent_module  # tests swap in a stand-in agent
+        self.ssh = _get(cluster, "ssh")
+        if self.ssh is None:
+            raise PreflightError(Problem("ssh", "cluster kind ssh needs an ssh: block"))
+        self.grace_s = grace_s
+        self.failfast_grace_s = min(failfast_grace_s, grace_s)
+        self._jobs: dict[str, _Job] = {}
+
+    # ------------------------------------------------------------------ pure
+    def _workdir(self, host: str) -> str:
+        return str(_get(self.ssh, "workdir", "~/orchestrate")).replace("{host}", host)
+
+    def _hosts(self) -> list[str]:
+        hosts = _get(self.ssh, "hosts", ()) or ()
+        return [hosts] if isinstance(hosts, str) else list(hosts)
+
+    def prepare(self, plan: LaunchPlan) -> Submission:
+        """Per-host argv and what goes where. Pure: no I/O, no connection."""
+        shared = bool(_get(self.ssh, "shared_fs", False))
+        python = str(_get(self.ssh, "python", "python3"))
+        hosts = self._hosts()
+        nodes, copies, shells, run_dirs = [], {}, {}, {}
+        for np_ in plan.node_plans:
+            host = np_.host or (hosts[np_.node_rank] if np_.node_rank < len(hosts) else "")
+            run_dir = plan.run_dir if shared else f"{self._workdir(host)}/runs/{plan.job_id}"
+            argv = agent_argv(python, run_dir, np_.node_rank, self.agent_module)
+            nodes.append(NodeCommand(node_rank=np_.node_rank, host=host, argv=argv, env=dict(np_.env),
+                                     secret_env=tuple(plan.secret_env)))
+            run_dirs[np_.node_rank] = run_dir
+            copies[np_.node_rank] = [] if shared else ["recipe.yaml", "plan.json", f"nodes/{np_.node_rank}/"]
+            shells[np_.node_rank] = agent_shell(argv)
+        extra = {"job_id": plan.job_id, "local_run_dir": self.local_run_dir or (plan.run_dir if shared else None), "main_host": plan.main_host, "port": plan.port, "shared_fs": shared,
+                 "python": python, "remote_run_dirs": run_dirs, "copy": copies, "remote_shell": shells,
+                 "ssh": {"port": _get(self.ssh, "port", 22), "user": _get(self.ssh, "user"),
+                         "strict_host_keys": _get(self.ssh, "strict_host_keys", True)}}
+        return Submission(kind="ssh", run_dir=plan.run_dir, nodes=tuple(nodes), files={}, extra=extra)
+
+    # ------------------------------------------------------------------ pre-flight
+    def _static_problems(self, sub: Submission) -> list[Problem]:
+        problems = []
+        hosts = [n.host for n in sub.nodes]
+        if any(not h for h in hosts):
+            problems.append(Problem("ssh.hosts", f"{len(sub.nodes)} nodes requested but only "
+                                    f"{sum(1 for h in hosts if h)} hosts given"))
+        dups = sorted({h for h in hosts if h and hosts.count(h) > 1})
+        if dups:
+            problems.append(Problem("ssh.hosts", f"duplicate hosts: {', '.join(dups)} (one node per host)"))
+        for n in sub.nodes:
+            bad = sorted(k for k in n.env if is_secret_name(k))
+            if bad:
+                problems.append(Problem(f"node {n.node_rank} env", f"secret-looking names {', '.join(bad)} "
+                                        "must go through launch.secret_env, not plain env"))
+            for name in n.secret_env:
+                if name not in os.environ:
+                    problems.append(Problem("launch.secret_env", f"{name} is not set in the submit environment"))
+        if not sub.extra.get("shared_fs"):
+            local = self._local(sub)
+            for n in sub.nodes:
+                for rel in sub.extra["copy"][n.node_rank]:
+                    if not (local / rel).exists():
+                        problems.append(Problem(str(local / rel), "missing in the local run dir"))
+        return problems
+
+    def preflight(self, sub: Submission):
+        """Connect to and probe ALL hosts; raise PreflightError naming each bad host. Returns the pool."""
+        from launchers.ssh_transport import HostError, Pool, SSHOptions
+        from launchers.ssh_remote import PREFLIGHT, parse_preflight, preflight_command
+
+        problems = self._static_problems(sub)
+        if problems:
+            raise PreflightError(sorted(set(problems), key=problems.index))
+        try:
+            pool = Pool(SSHOptions.from_spec(self.ssh))
+        except FileNotFoundError as e:
+            raise PreflightError(Problem("ssh", str(e))) from None
+        except ValueError as e:
+            raise PreflightError(Problem("ssh.key", str(e))) from None
+        by_host = {n.host: n for n in sub.nodes}
+        main_host = sub.nodes[0].host
+        python = sub.extra["python"]
+        shared = sub.extra["shared_fs"]
+
+        def probe(host: str) -> dict[str, Any]:
+            conn = pool.connect(host)
+            n = by_host[host]
+            port = int(sub.extra["port"]) if host == main_host else 0
+            check = f"{sub.extra['remote_run_dirs'][n.node_rank]}/plan.json" if shared else ""
+            rc, out, err = conn.run(preflight_command(python, self._workdir(host), port, check),
+                                    stdin=PREFLIGHT.encode())
+            res, why = parse_preflight(python, rc, out, err)
+            if why:
+                raise HostError(host, why)
+            if res["problems"]:
+                raise HostError(host, "; ".join(res["problems"]))
+            return res
+
+        results = pool.map(probe, list(by_host))
+        for host, res in results.items():
+            if isinstance(res, HostError):
+                problems.append(Problem(host, res.cause))
+            elif isinstance(res, Exception):
+                problems.append(Problem(host, f"{type(res).__name__}: {res}"))
+        if problems:
+            pool.close()
+            raise PreflightError(problems)
+        return pool, results
+
+    # ------------------------------------------------------------------ submit
+    def submit(self, submission: Submission) -> JobHandle:
+        sub = submission
+        pool, probes = self.preflight(sub)
+        job_id = sub.extra["job_id"]
+        shared = sub.extra["shared_fs"]
+        local = self._local(sub)
+        nodes = []
+        for n in sub.nodes:
+            run_dir = sub.extra["remote_run_dirs"][n.node_rank]
+            wd = self._workdir(n.host)
+            real = probes[n.host].get("workdir") or wd
+            if not shared and run_dir.startswith(wd):  # "~" etc. resolved by the host itself
+                run_dir = real + run_dir[len(wd):]
+            nodes.append(_Node(rank=n.node_rank, host=n.host, run_dir=run_dir,
+                               argv=agent_argv(sub.extra["python"], run_dir, n.node_rank, self.agent_module)))
+        job = _Job(job_id, local, nodes, pool, shared)
+        (local / "logs").mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            if not shared:
+                bad = pool.map(lambda h: self._copy(pool.conns[h], local, sub.extra["copy"][_rank(nodes, h)],
+                                                    _node(nodes, h).run_dir), [n.host for n in nodes])
+                errs = [(h, e) for h, e in bad.items() if isinstance(e, Exception)]
+                if errs:
+                    h, e = errs[0]
+                    raise LaunchError(f"copying the run dir failed: {e}", host=h)
+            secrets = {name: os.environ[name] for n in sub.nodes for name in n.secret_env if name in os.environ}
+            for name in DEFAULT_SECRETS:
+                if name in os.environ:
+                    secrets.setdefault(name, os.environ[name])
+            line = (json.dumps(secrets) + "\n").encode()
+            started = pool.map(lambda h: self._start(job, _node(nodes, h), line), [n.host for n in nodes])
+            errs = [(h, e) for h, e in started.items() if isinstance(e, Exception)]
+            if errs:
+                self._teardown(job, "start failed")
+                h, e = errs[0]
+                raise LaunchError(f"starting the node agent failed: {e}", host=h,
+                                  argv=list(_node(nodes, h).argv))
+        except BaseException:
+            pool.close()
+            raise
+        self._jobs[job_id] = job
+        return JobHandle(uri=f"ssh://{job_id}", data=self._handle_data(job))
+
+    @staticmethod
+    def _local(sub: Submission) -> Path:
+        """Where the submit host's copy of the run dir is (written by the store before submit)."""
+        if sub.extra.get("local_run_dir"):
+            return Path(sub.extra["local_run_dir"])
+        from orchestrator.store import home
+        return home() / "runs" / sub.extra["job_id"]
+
+    def _handle_data(self, job: _Job) -> dict[str, Any]:
+        return {"job_id": job.job_id, "local_run_dir": str(job.local_run_dir),
+                "nodes": [{"rank": n.rank, "host": n.host, "run_dir": n.run_dir, "wrapper_pid": n.wrapper_pid,
+                           "pgids": n.pgids} for n in job.nodes]}
+
+    def _copy(self, conn: Any, local: Path, rels: list[str], remote: str) -> None:
+        sftp = conn.sftp()
+        made: set[str] = set()
+
+        def mkdirs(path: str) -> None:
+            parts = path.rstrip("/").split("/")
+            for i in range(2, len(parts) + 1):
+                p = "/".join(parts[:i])
+                if not p or p in made:
+                    continue
+                try:
+                    sftp.stat(p)
+                except FileNotFoundError:
+                    sftp.mkdir(p, 0o700)
+                    sftp.chmod(p, 0o700)
+                made.add(p)
+
+        mkdirs(remote)
+        for sub in ("logs", "heartbeats", "nodes"):
+            mkdirs(f"{remote}/{sub}")
+        for rel in rels:
+            src = local / rel
+            files = sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else [src]
+            for f in files:
+                dst = f"{remote}/{f.relative_to(local).as_posix()}"
+                mkdirs(dst.rsplit("/", 1)[0])
+                with sftp.open(dst, "wb") as fh:
+                    fh.chmod(0o600)  # before any byte is written
+                    fh.set_pipelined(True)
+                    fh.write(f.read_bytes())
+
+    def _start(self, job: _Job, node: _Node, secrets_line: bytes) -> None:
+        conn = job.pool.conns[node.host]
+        node.chan = conn.open(agent_shell(node.argv), combine_stderr=True)
+        node.chan.sendall(secrets_line)  # stdin stays open: its EOF tells the agent to tear down
+        threading.Thread(target=self._pump, args=(job, node), daemon=True,
+                         name=f"ssh-node{node.rank}").start()
+
+    def _pump(self, job: _Job, node: _Node) -> None:
+        fd = os.open(job.local_run_dir / "logs" / f"node{node.rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = os.fdopen(fd, "ab", buffering=0)
+        buf = b""
+        quiet_since = None
+        try:
+            node.chan.settimeout(0.2)
+            while True:
+                try:
+                    data = node.chan.recv(65536)
+                except socket.timeout:
+                    # The agent exited but something (an orphan of a killed agent) may still hold the
+                    # output pipe open: stop reading once the exit status is in and output is quiet.
+                    if node.chan.exit_status_ready():
+                        now = time.monotonic()
+                        quiet_since = quiet_since or now
+                        if now - quiet_since >= 0.3:
+                            break
+                    continue
+                if not data:
+                    break
+                buf += data
+                *lines, buf = re.split(rb"[\r\n]", buf)
+                for raw in lines:
+                    self._line(job, node, raw, log)
+            if buf:
+                self._line(job, node, buf, log)
+            rc = node.chan.recv_exit_status()
+        except Exception:  # noqa: BLE001 - connection lost
+            rc = -1
+        finally:
+            log.close()
+        logger.debug("node %d on %s: output closed, exit status %s", node.rank, node.host, rc)
+        recorded = self._read_exit(job, node)  # the agent's own record beats what the wrapper reports
+        if recorded is not None:
+            node.exit_record = recorded
+            rc = int(recorded.get("returncode", rc))
+        node.returncode = rc
+        node.exited_at = time.monotonic()
+        logger.debug("node %d on %s exited: %s (agent record: %s)", node.rank, node.host, rc, recorded)
+        node.done.set()
+        job.events.put(node.rank)
+
+    def _line(self, job: _Job, node: _Node, raw: bytes, log: Any) -> None:
+        if not raw.strip():
+            return
+        text = raw.decode(errors="replace")
+        if node.wrapper_pid is None and text.startswith(WRAPPER_MARK):
+            try:
+                node.wrapper_pid = int(text[len(WRAPPER_MARK):])
+            except ValueError:
+                pass
+            return
+        hb = parse_forwarded(text)
+        if hb is not None:
+            job.heartbeat(hb)
+            job.emit(node.rank, text)
+            return
+        log.write(raw + b"\n")
+        node.tail.append(text)
+        job.emit(node.rank, text)
+
+    def _read_exit(self, job: _Job, node: _Node) -> dict[str, Any] | None:
+        """nodes/R/exit.json as the agent wrote it (None when it did not get that far)."""
+        conn = job.pool.conns.get(node.host)
+        if conn is None or not conn.alive:
+            return None
+        try:
+            with conn.sftp().open(f"{node.run_dir}/nodes/{node.rank}/exit.json", "rb") as fh:
+                data = json.loads(fh.read().decode())
+            return data if isinstance(data, dict) and isinstance(data.get("returncode"), int) else None
+        except Exception:  # noqa: BLE001 - missing file, connection gone
+            return None
+
+    def _read_agent(self, job: _Job, node: _Node) -> bool:
+        """Fetch nodes/R/agent.json (pid, pgid) from the host once it exists."""
+        if node.agent:
+            return True
+        try:
+            sftp = job.pool.conns[node.host].sftp()
+            with sftp.open(f"{node.run_dir}/nodes/{node.rank}/agent.json", "rb") as fh:
+                node.agent = json.loads(fh.read().decode())
+        except (OSError, ValueError, KeyError, EOFError):
+            return False
+        except Exception:  # noqa: BLE001 - paramiko SSHException when the connection is gone
+            return False
+        if not job.shared_fs:
+            d = job.local_run_dir / "nodes" / str(node.rank)
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(d / "agent.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps(node.agent))
+        job.emit(node.rank, f"orchestrate: {node.host} node/{node.rank} agent pid {node.agent.get('agent_pid')} "
+                 f"pgid {node.agent.get('pgid')} (recorded in nodes/{node.rank}/agent.json)")
+        return True
+
+    # ------------------------------------------------------------------ wait / teardown
+    def wait(self, handle: JobHandle, on_line: Callable[[int, str], None] | None = None) -> JobResult:
+        job = self._jobs[handle.data.get("job_id") or handle.uri.split("://", 1)[1]]
+        if job.result is not None:
+            return job.result
+        try:
+            plan = LaunchPlan.from_json((job.local_run_dir / "plan.json").read_text())
+            job.monitor = HealthMonitor(plan.health, plan.world_size, started=time.time())
+            hb_every = float(plan.health.get("poll_interval", 1.0))
+        except (OSError, ValueError, KeyError):
+            hb_every = None
+        job.set_sink(on_line or (lambda r, line: None))
+        failed: list[_Node] = []
+        pending = {n.rank for n in job.nodes}
+        last_poll = last_hb = 0.0
+        try:
+            while pending:
+                try:
+                    rank = job.events.get(timeout=0.1)
+                except queue.Empty:
+                    rank = None
+                now = time.monotonic()
+                if now - last_poll > 0.25 and job.teardown_started is None:
+                    last_poll = now
+                    for n in job.nodes:
+                        if not n.agent and not n.done.is_set():
+                            self._read_agent(job, n)
+                if hb_every and job.monitor and job.teardown_started is None and now - last_hb > hb_every:
+                    last_hb = now
+                    stalls = job.monitor.stalls(time.time())
+                    if stalls:
+                        job.hang = stalls[0].describe() + (f"; ranks {', '.join(str(x.rank) for x in stalls[1:])} "
+                                                           "also silent" if len(stalls) > 1 else "")
+                        job.teardown_started = now
+                        self._teardown(job, "hang: " + job.hang)
+                if rank is None:
+                    if job.teardown_started and now - job.teardown_started > self.grace_s + 15:
+                        break  # a host that does not answer any more; give up waiting for it
+                    continue
+                pending.discard(rank)
+                node = job.nodes[rank] if job.nodes[rank].rank == rank else _by_rank(job.nodes, rank)
+                if node.returncode != 0:
+                    if job.teardown_started is None or (node.torn_down_at is None):
+                        failed.append(node)
+                    if job.teardown_started is None:
+                        logger.debug("node %d failed (%s): tearing down every node", rank, node.returncode)
+                        job.teardown_started = time.monotonic()
+                        self._teardown(job, f"node {rank} failed", grace=self.failfast_grace_s)
+        except KeyboardInterrupt:
+            job.cancel_reason = "interrupted (Ctrl-C) on the submit host"
+            self._teardown(job, job.cancel_reason)
+            for n in job.nodes:
+                n.done.wait(timeout=self.grace_s + 5)
+        else:
+            if job.teardown_started is None:  # clean finish: sweep leftovers (none expected)
+                self._teardown(job, "")
+        return self._finish(job, failed)
+
+    def _teardown(self, job: _Job, reason: str, grace: float | None = None) -> None:
+        """TERM every node's process groups, KILL after the grace; close stdins (agents see EOF)."""
+        from launchers.ssh_remote import teardown_command
+
+        grace = self.grace_s if grace is None else grace
+        if job.teardown_started is None and reason:
+            job.teardown_started = time.monotonic()
+        for n in job.nodes:
+            if not n.agent and reason:
+                self._read_agent(job, n)
+
+        def one(host: str) -> str:
+            n = _node(job.nodes, host)
+            if reason and not n.done.is_set():
+                n.torn_down_at = time.monotonic()
+            conn = job.pool.conns.get(host)
+            if conn is None or not conn.alive:
+                return "no connection"
+            t0 = time.monotonic()
+            rc, out, err = conn.run(teardown_command(n.wrapper_pid, n.pgids, grace, self.ssh.python, n.run_dir, n.rank),
+                                    timeout=2 * grace + 15)
+            logger.debug("teardown %s node %d wrapper %s groups %s: rc %s %r %r in %.2fs", host, n.rank, n.wrapper_pid,
+                      n.pgids, rc, out, err[-300:], time.monotonic() - t0)
+            try:
+                if n.chan is not None and not n.done.is_set():
+                    n.chan.shutdown_write()
+            except Exception:  # noqa: BLE001
+                pass
+            return out.decode().strip()
+
+        job.pool.map(one, [n.host for n in job.nodes])
+
+    def _finish(self, job: _Job, failed: list[_Node]) -> JobResult:
+        for n in job.nodes:
+            n.done.wait(timeout=2)
+        exits = tuple(NodeExit(node_rank=n.rank, host=n.host, returncode=n.returncode,
+                               signal=describe_exit(n.returncode)[1], log_tail="\n".join(n.tail))
+                      for n in job.nodes)
+        self._fetch_back(job)
+        for fh in job.hb_files.values():
+            fh.close()
+        max_step = max((st.step for st in job.monitor.snapshot()), default=None) if job.monitor else None
+        if job.cancel_reason:
+            state, rc, cause = "CANCELLED", 130, job.cancel_reason
+        elif job.hang:
+            state, rc, cause = "FAILED", 1, job.hang
+        elif failed or any(n.returncode != 0 for n in job.nodes):
+            root = pick_root_cause(failed or [n for n in job.nodes if n.returncode != 0],
+                                   self._exit_times(job))
+            cause = root_cause_text(next(e for e in exits if e.node_rank == root.rank))
+            if root.returncode is None or root.returncode < 0:
+                cause = f"node {root.rank} ({root.host}) failed: {describe_exit(root.returncode)[0]}"
+            state, rc = "FAILED", (root.returncode if root.returncode and root.returncode > 0 else 1)
+        else:
+            state, rc, cause = "COMPLETED", 0, ""
+        job.pool.close()
+        job.state = state
+        job.result = JobResult(state=state, returncode=rc, root_cause=cause, nodes=exits, max_step=max_step,
+                               hung=bool(job.hang))
+        return job.result
+
+    @staticmethod
+    def _exit_times(job: _Job) -> dict[int, float]:
+        """When each node's launch ended, from the agents' exit.json (fetched back or shared)."""
+        out = {}
+        for n in job.nodes:
+            p = job.local_run_dir / "nodes" / str(n.rank) / "exit.json"
+            try:
+                out[n.rank] = float(json.loads(p.read_text())["time"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        return out
+
+    def _fetch_back(self, job: _Job) -> None:
+        """Bring nodes/R/{agent,exit}.json and heartbeats back to the local run dir (not shared_fs)."""
+        if job.shared_fs:
+            return
+
+        def one(host: str) -> None:
+            n = _node(job.nodes, host)
+            conn = job.pool.conns.get(host)
+            if conn is None or not conn.alive:
+                return
+            sftp = conn.sftp()
+            wanted = [f"nodes/{n.rank}/agent.json", f"nodes/{n.rank}/exit.json"]
+            try:
+                wanted += [f"heartbeats/{f}" for f in sftp.listdir(f"{n.run_dir}/heartbeats")]
+            except OSError:
+                pass
+            for rel in wanted:
+                try:
+                    dst = job.local_run_dir / rel
+                    dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    with os.fdopen(fd, "wb") as fh:
+                        sftp.getfo(f"{n.run_dir}/{rel}", fh)
+                except OSError:
+                    pass
+
+        try:
+            job.pool.map(one, [n.host for n in job.nodes])
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+
+    # ------------------------------------------------------------------ the rest of the protocol
+    def status(self, handle: JobHandle) -> str:
+        job = self._jobs.get(handle.data.get("job_id", ""))
+        return job.state if job else "UNKNOWN"
+
+    def cancel(self, handle: JobHandle) -> None:
+        job = self._jobs.get(handle.data.get("job_id", ""))
+        if job is not None:
+            if job.result is None:
+                job.cancel_reason = job.cancel_reason or "cancelled"
+                self._teardown(job, "cancelled")
+            return
+        self._cancel_remote(handle)
+
+    def _cancel_remote(self, handle: JobHandle) -> None:
+        """Cancel from another process: reconnect, read each node's agent.json, kill its groups."""
+        from launchers.ssh_remote import teardown_command
+        from launchers.ssh_transport import Pool, SSHOptions
+
+        nodes = handle.data.get("nodes", [])
+        pool = Pool(SSHOptions.from_spec(self.ssh))
+        try:
+            def one(host: str) -> None:
+                n = next(x for x in nodes if x["host"] == host)
+                conn = pool.connect(host)
+                pgids = list(n.get("pgids") or [])
+                try:
+                    with conn.sftp().open(f"{n['run_dir']}/nodes/{n['rank']}/agent.json", "rb") as fh:
+                        a = json.loads(fh.read().decode())
+                    pgids += [v for v in (a.get("agent_pgid"), a.get("pgid")) if isinstance(v, int)]
+                except (OSError, ValueError):
+                    pass
+                conn.run(teardown_command(n.get("wrapper_pid"), sorted(set(pgids)), self.grace_s, self.ssh.python,
+                                          n["run_dir"], n["rank"]))
+
+            pool.map(one, [n["host"] for n in nodes])
+        finally:
+            pool.close()
+
+    def logs(self, handle: JobHandle, node_rank: int | None = None) -> Iterator[str]:
+        local = Path(handle.data.get("local_run_dir", ""))
+        ranks = [node_rank] if node_rank is not None else [n["rank"] for n in handle.data.get("nodes", [])]
+        for r in ranks:
+            p = local / "logs" / f"node{r}.log"
+            if p.exists():
+                with open(p, errors="replace") as fh:
+                    for line in fh:
+                        yield line.rstrip("\n")
+
+
+def pick_root_cause(failed: list["_Node"], exit_times: dict[int, float] | None = None) -> "_Node":
+    """The node that failed first (by the agents' exit times when every candidate has one, else by
+    when its connection reported the exit), unless it only reports a dead PEER and another does not."""
+    times = exit_times or {}
+    if len(failed) > 1 and all(n.rank in times for n in failed):
+        failed = sorted(failed, key=lambda n: times[n.rank])
+    first = failed[0]
+    if any(h in line for line in first.tail for h in PEER_HINTS):
+        for other in failed[1:]:
+            if not any(h in line for line in other.tail for h in PEER_HINTS):
+                return other
+    return first
+
+
+def _node(nodes: list[_Node], host: str) -> _Node:
+    return next(n for n in nodes if n.host == host)
+
+
+def _rank(nodes: list[_Node], host: str) -> int:
+    return _node(nodes, host).rank
+
+
+def _by_rank(nodes: list[_Node], rank: int) -> _Node:
+    return next(n for n in nodes if n.rank == rank)

@@ -1,0 +1,147 @@
+"""Fixtures of the SSH suite: real sshd hosts on loopback (scripts/sshd_hosts.py), clusters and run dirs.
+
+The testbed needs root and Debian's openssh-server. Without them the tests skip with the reason,
+except under CI=true, where a missing prerequisite is a failure (the suite must not silently shrink).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+import sshd_hosts  # noqa: E402
+
+BASE_IP = os.environ.get("ORCHESTRATE_TEST_SSH_BASE_IP", "127.0.10.2")
+PORT = int(os.environ.get("ORCHESTRATE_TEST_SSH_PORT", "2222"))
+N_HOSTS = 3  # 2 job nodes + 1 spare (bad-input tests)
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(here):
+            item.add_marker(pytest.mark.ssh)
+
+
+def _unavailable(reason: str):
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"SSH testbed prerequisite missing under CI: {reason}", pytrace=False)
+    pytest.skip(f"SSH testbed unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def testbed(tmp_path_factory):
+    why = sshd_hosts.prerequisites()
+    if why:
+        _unavailable(why)
+    d = tmp_path_factory.mktemp("sshd")
+    try:
+        tb = sshd_hosts.up(N_HOSTS, d, base_ip=BASE_IP, port=PORT)
+    except RuntimeError as e:
+        _unavailable(str(e))
+    yield tb
+    sshd_hosts.down(d)
+
+
+@pytest.fixture
+def make_cluster(testbed):
+    """make_cluster(hosts=None, **ssh_overrides) -> ClusterSpec validated by orchestrator.spec."""
+    from orchestrator.spec import parse_cluster
+
+    def make(hosts=None, **over):
+        block = testbed.ssh_block(**over)
+        block["hosts"] = list(hosts if hosts is not None else testbed.hosts[:2])
+        return parse_cluster({"kind": "ssh", "name": "testlab", "accelerator": "cpu", "network_interface": "lo",
+                              "ssh": block}, source="<test>")
+    return make
+
+
+def job_id(tag: str) -> str:
+    return f"t-{tag}-{secrets.token_hex(3)}"
+
+
+_BASE: dict = {}
+
+
+def _base_prepared(cluster):
+    """One real prepared SFT plan (cached): its accelerate configs / recipe are reused by trivial jobs."""
+    from orchestrator import api
+    if "p" not in _BASE:
+        _BASE["p"] = api.prepare(str(REPO / "recipes/configs/sft_tiny.yaml"), None, nodes=1, check_trainer=False,
+                                 cwd=REPO)
+    return _BASE["p"]
+
+
+@pytest.fixture
+def trivial_job(testbed, make_cluster, tmp_path):
+    """trivial_job(commands={rank: argv}, env={rank: {...}}, secret_env=(), hosts=None, **ssh_over)
+    -> (launcher, submission, local_run_dir, plan): a plan whose nodes run `argv` under the real agent."""
+    from launchers.ssh import SSHLauncher
+    from orchestrator.jobplan import LaunchPlan, NodePlan
+    from orchestrator.render import render_files
+
+    def make(commands, env=None, secret_env=(), hosts=None, tag="job", port=29500, nodes=None, **over):
+        cluster = make_cluster(hosts=hosts, **over)
+        base = _base_prepared(cluster)
+        jid = job_id(tag)
+        run_dir = f"{testbed.dir}/work/{{host}}/runs/{jid}"
+        n = nodes if nodes is not None else len(commands)
+        node_hosts = list(cluster.ssh.hosts) + [""] * max(0, n - len(cluster.ssh.hosts))
+        nps = tuple(NodePlan(node_rank=r, host=node_hosts[r], ranks=(r,),
+                             accelerate_config=dict(base.plan.node_plans[0].accelerate_config),
+                             command=tuple(commands.get(r, ("true",))), env=dict((env or {}).get(r, {})))
+                    for r in range(n))
+        plan = dataclasses.replace(base.plan, job_id=jid, cluster_kind="ssh", cluster_name="testlab", nodes=n,
+                                   world_size=n, main_host=node_hosts[0], port=port, run_dir=run_dir,
+                                   secret_env=tuple(secret_env), node_plans=nps)
+        local = tmp_path / "local" / jid
+        files = render_files(plan, base.recipe.to_dict())
+        for rel, text in files.items():
+            p = local / rel
+            p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            p.write_text(text)
+        launcher = SSHLauncher(cluster, local_run_dir=str(local), grace_s=1.0)
+        return launcher, launcher.prepare(plan), local, plan
+    return make
+
+
+def remote_run_dir(testbed, host: str, jid: str) -> Path:
+    return Path(testbed.dir) / "work" / host / "runs" / jid
+
+
+def agent_info(testbed, host: str, jid: str, rank: int, timeout: float = 20.0) -> dict:
+    p = remote_run_dir(testbed, host, jid) / "nodes" / str(rank) / "agent.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return json.loads(p.read_text())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    raise AssertionError(f"no agent.json for node {rank} on {host}")
+
+
+def live_members(pgids) -> list[int]:
+    """Non-zombie processes of the given process groups (ints) and of the given job markers (str tokens from
+    agent.json: torchrun starts every rank in a session of its own, so groups alone would miss the ranks).
+    All 'hosts' are this machine."""
+    from orchestrator.proctools import group_members, marked
+    return sorted({pid for g in pgids for pid in (marked(g) if isinstance(g, str) else group_members(int(g)))})
+
+
+def wait_gone(pgids, timeout: float = 15.0) -> float:
+    """Seconds until every process of the groups is gone (zombies count as gone); fails on timeout."""
+    t0 = time.monotonic()
+    while live_members(pgids):
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"processes left after {timeout}s: {live_members(pgids)}")
+        time.sleep(0.02)
+    return time.monotonic() - t0

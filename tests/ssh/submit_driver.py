@@ -1,0 +1,34 @@
+"""Submits a prepared run dir over SSH in its own process (so tests can SIGKILL / SIGINT the submitter).
+
+usage: python tests/ssh/submit_driver.py CLUSTER_JSON LOCAL_RUN_DIR
+Prints `SUBMITTED {handle data}` once every agent runs, the nodes' lines, then `RESULT {...}`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from launchers.ssh import SSHLauncher  # noqa: E402
+from orchestrator.jobplan import LaunchPlan  # noqa: E402
+from orchestrator.spec import parse_cluster  # noqa: E402
+
+
+def main() -> int:
+    cluster = parse_cluster(json.loads(sys.argv[1]), source="<driver>")
+    local = Path(sys.argv[2])
+    launcher = SSHLauncher(cluster, local_run_dir=str(local), grace_s=1.0)
+    plan = LaunchPlan.from_json((local / "plan.json").read_text())
+    handle = launcher.submit(launcher.prepare(plan))
+    print("SUBMITTED " + json.dumps(handle.data), flush=True)
+    result = launcher.wait(handle, on_line=lambda r, line: print(f"[node{r}] {line}", flush=True))
+    print("RESULT " + json.dumps({"state": result.state, "returncode": result.returncode,
+                                  "root_cause": result.root_cause}), flush=True)
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

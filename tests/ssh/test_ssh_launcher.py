@@ -1,0 +1,276 @@
+"""SSHLauncher with the real node agent and trivial node commands: pre-flight refusals, fail-fast
+teardown, no orphans, secrets, and the submitting process dying or being interrupted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, agent_info, live_members, remote_run_dir, wait_gone
+from orchestrator.errors import ConfigError, PreflightError
+
+SLEEP = ("sleep", "60")
+
+
+def _nothing_started(testbed, jid):
+    for h in testbed.hosts:
+        assert not remote_run_dir(testbed, h, jid).exists(), f"something was started on {h}"
+
+
+def _expect_preflight(testbed, launcher, sub, plan, *needles):
+    with pytest.raises(PreflightError) as ei:
+        launcher.submit(sub)
+    msg = ei.value.one_line()
+    assert ei.value.exit_code == 2
+    assert "\n" not in msg
+    for n in needles:
+        assert n in msg, msg
+    _nothing_started(testbed, plan.job_id)
+    return msg
+
+
+# ------------------------------------------------------------------------------------ pre-flight
+
+def test_preflight_unknown_host_key(testbed, trivial_job, tmp_path):
+    kh = tmp_path / "kh"
+    kh.write_text("".join(line for line in Path(testbed.known_hosts).read_text().splitlines(keepends=True)
+                          if testbed.hosts[1] not in line))
+    launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, known_hosts=str(kh))
+    _expect_preflight(testbed, launcher, sub, plan, testbed.hosts[1], "host key unknown")
+
+
+def test_preflight_wrong_key(testbed, trivial_job, tmp_path):
+    key = tmp_path / "k"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, key=str(key))
+    _expect_preflight(testbed, launcher, sub, plan, testbed.hosts[0], "authentication failed")
+
+
+def test_preflight_unreachable_host(testbed, trivial_job):
+    launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, hosts=[testbed.hosts[0], "127.0.10.250"])
+    _expect_preflight(testbed, launcher, sub, plan, "127.0.10.250", "unreachable")
+
+
+def test_preflight_fewer_hosts_than_nodes(testbed, trivial_job):
+    launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP, 2: SLEEP}, hosts=testbed.hosts[:2])
+    _expect_preflight(testbed, launcher, sub, plan, "3 nodes requested but only 2 hosts")
+
+
+def test_duplicate_hosts_rejected(testbed, make_cluster, trivial_job):
+    with pytest.raises(ConfigError, match="duplicate hosts"):
+        make_cluster(hosts=[testbed.hosts[0], testbed.hosts[0]])
+    import dataclasses
+    launcher, _, _, plan = trivial_job({0: SLEEP, 1: SLEEP})
+    nps = tuple(dataclasses.replace(n, host=testbed.hosts[0]) for n in plan.node_plans)
+    plan = dataclasses.replace(plan, node_plans=nps)
+    _expect_preflight(testbed, launcher, launcher.prepare(plan), plan, "duplicate hosts", testbed.hosts[0])
+
+
+def test_preflight_port_in_use_on_main_node(testbed, trivial_job):
+    with socket.socket() as s:
+        s.bind((testbed.hosts[0], 0))
+        s.listen()
+        port = s.getsockname()[1]
+        launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, port=port)
+        _expect_preflight(testbed, launcher, sub, plan, testbed.hosts[0], f"main port {port} is in use")
+
+
+def test_preflight_missing_remote_python(testbed, trivial_job):
+    launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, python="/nonexistent/python3")
+    _expect_preflight(testbed, launcher, sub, plan, testbed.hosts[0], testbed.hosts[1],
+                      "remote python '/nonexistent/python3' not found")
+
+
+# ------------------------------------------------------------------------------------ running
+
+def _groups(testbed, plan):
+    out = []
+    for n in plan.node_plans:
+        a = agent_info(testbed, n.host, plan.job_id, n.node_rank)
+        out += [a["agent_pgid"], a["pgid"], a["token"]]
+    return out
+
+
+def _run_in_thread(launcher, handle):
+    import threading
+    box = {}
+    lines = []
+    t = threading.Thread(target=lambda: box.update(r=launcher.wait(handle, on_line=lambda r, l: lines.append((r, l)))))
+    t.start()
+    return t, box, lines
+
+
+def test_success_byte_exact_env_and_args_through_the_agent(testbed, trivial_job):
+    weird = ["a b", "it's", 'dq"', "$(id)", "`id`", "new\nline", "ünï©ødé", "*", "~", "--flag=x;y", ""]
+    env = {"PLAIN_VALUE": "x y $HOME 'q' \"d\" \\ \n end", "EMPTY_ONE": ""}
+    prog = ("import json,os,sys;print('ECHO '+json.dumps({'argv':[os.fsencode(a).hex() for a in sys.argv[1:]],"
+            "'env':{k:os.environb[k.encode()].hex() for k in ('PLAIN_VALUE','EMPTY_ONE')}}))")
+    cmd = (testbed.python, "-c", prog, *weird)
+    launcher, sub, local, plan = trivial_job({0: cmd, 1: cmd}, env={0: env, 1: env}, tag="echo")
+    handle = launcher.submit(sub)
+    lines = []
+    res = launcher.wait(handle, on_line=lambda r, line: lines.append((r, line)))
+    assert res.state == "COMPLETED", res
+    echoes = [json.loads(line[5:]) for _, line in lines if line.startswith("ECHO ")]
+    assert len(echoes) == 2
+    for e in echoes:
+        assert [bytes.fromhex(a) for a in e["argv"]] == [w.encode() for w in weird]
+        assert {k: bytes.fromhex(v) for k, v in e["env"].items()} == {k: v.encode() for k, v in env.items()}
+    log = (local / "logs" / "node1.log").read_text()
+    assert "ECHO " in log
+    # owner-only on the hosts
+    rd = remote_run_dir(testbed, testbed.hosts[1], plan.job_id)
+    assert oct(rd.stat().st_mode & 0o777) == oct(0o700)
+    assert oct((rd / "plan.json").stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_fail_fast_names_failed_node_and_leaves_nothing(testbed, trivial_job):
+    launcher, sub, _, plan = trivial_job({0: SLEEP, 1: ("sh", "-c", "echo about to fail; sleep 1; exit 3")},
+                                         tag="ff")
+    handle = launcher.submit(sub)
+    groups = _groups(testbed, plan)
+    res = launcher.wait(handle)
+    t_done = time.monotonic()
+    assert res.state == "FAILED" and res.returncode == 3, res
+    assert f"node 1 ({testbed.hosts[1]})" in res.root_cause and "exit code 3" in res.root_cause, res.root_cause
+    assert "about to fail" in res.nodes[1].log_tail
+    assert wait_gone(groups, timeout=1) < 1
+    assert time.monotonic() - t_done < 2
+
+
+@pytest.mark.parametrize("what", ["rank", "agent"])
+def test_sigkill_rank_or_agent_tears_everything_down(testbed, trivial_job, what, record_property):
+    launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, tag=f"kill{what}")
+    handle = launcher.submit(sub)
+    groups = _groups(testbed, plan)
+    a1 = agent_info(testbed, testbed.hosts[1], plan.job_id, 1)
+    t, box, _ = _run_in_thread(launcher, handle)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    os.kill(a1["pid"] if what == "rank" else a1["agent_pid"], signal.SIGKILL)
+    gone = wait_gone(groups, timeout=10)
+    t.join(20)
+    res = box["r"]
+    record_property("fault_to_all_gone_s", round(gone, 3))
+    print(f"SIGKILL {what}: all processes gone {gone:.2f}s after the fault, wait returned "
+          f"{time.monotonic() - t0:.2f}s after")
+    assert res.state == "FAILED"
+    assert f"node 1 ({testbed.hosts[1]})" in res.root_cause, res.root_cause
+    if what == "rank":
+        assert "SIGKILL" in res.root_cause, res.root_cause
+    assert gone < 5
+
+
+def test_sigstop_rank_then_cancel_kills_stopped_group(testbed, trivial_job):
+    launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, tag="stop")
+    handle = launcher.submit(sub)
+    groups = _groups(testbed, plan)
+    a1 = agent_info(testbed, testbed.hosts[1], plan.job_id, 1)
+    os.kill(a1["pid"], signal.SIGSTOP)
+    t, box, _ = _run_in_thread(launcher, handle)
+    time.sleep(1.0)
+    assert box == {}, "a stopped rank alone does not end the job (the health monitor will)"
+    launcher.cancel(handle)
+    gone = wait_gone(groups, timeout=10)
+    t.join(20)
+    assert box["r"].state == "CANCELLED"
+    assert gone < 5
+
+
+def test_secrets_reach_ranks_but_no_file_log_or_cmdline(testbed, trivial_job):
+    canaries = {"HF_TOKEN": "hf_CANARY_" + os.urandom(6).hex(), "MY_API_KEY": "key-CANARY-" + os.urandom(6).hex(),
+                "DB_PASSWORD": "pw CANARY '\"$" + os.urandom(6).hex()}
+    prog = ("import hashlib,os,sys,time;"
+            "print('SHA', {k: hashlib.sha256(os.environb[k.encode()]).hexdigest() for k in sys.argv[1:]}, flush=True);"
+            "time.sleep(1.5)")
+    cmd = (testbed.python, "-c", prog, *canaries)
+    launcher, sub, local, plan = trivial_job({0: cmd, 1: cmd}, secret_env=tuple(canaries), tag="secret")
+    old = {k: os.environ.get(k) for k in canaries}
+    os.environ.update(canaries)
+    try:
+        handle = launcher.submit(sub)
+        time.sleep(0.8)
+        cmdlines = []
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+                except OSError:
+                    pass
+        lines = []
+        res = launcher.wait(handle, on_line=lambda r, line: lines.append(line))
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert res.state == "COMPLETED", res
+    want = {k: hashlib.sha256(v.encode()).hexdigest() for k, v in canaries.items()}
+    shas = [line for line in lines if line.startswith("SHA ")]
+    assert len(shas) == 2 and all(str(want) in s for s in shas), shas
+    blobs = list(cmdlines)
+    roots = [local, Path(testbed.dir)]
+    for root in roots:
+        for p in root.rglob("*"):
+            if p.is_file():
+                blobs.append(p.read_bytes())
+    blobs.append("\n".join(lines).encode())
+    blobs.append(json.dumps(sub.extra).encode())
+    for name, value in canaries.items():
+        assert not any(value.encode() in b for b in blobs), f"{name} leaked"
+
+
+# ------------------------------------------------------------------------------------ the submitter dies
+
+def _driver(testbed, trivial_job, tag):
+    launcher, sub, local, plan = trivial_job({0: SLEEP, 1: SLEEP}, tag=tag)
+    cluster = {"kind": "ssh", "name": "testlab", "accelerator": "cpu", "network_interface": "lo",
+               "ssh": testbed.ssh_block(hosts=testbed.hosts[:2])}
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests/ssh/submit_driver.py"), json.dumps(cluster),
+                             str(local)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    for line in proc.stdout:
+        if line.startswith("SUBMITTED "):
+            break
+    else:
+        pytest.fail(f"driver did not submit: rc {proc.wait()}")
+    return proc, plan, _groups(testbed, plan)
+
+
+def test_sigkill_of_submitting_process_tears_down_remote_nodes(testbed, trivial_job, record_property):
+    proc, plan, groups = _driver(testbed, trivial_job, "orchkill")
+    assert live_members(groups)
+    t0 = time.monotonic()
+    proc.kill()
+    proc.wait()
+    gone = wait_gone(groups, timeout=15)
+    record_property("fault_to_all_gone_s", round(gone, 3))
+    print(f"SIGKILL submitter: all remote processes gone after {gone:.2f}s")
+    for r in (0, 1):
+        ex = remote_run_dir(testbed, testbed.hosts[r], plan.job_id) / "nodes" / str(r) / "exit.json"
+        deadline = time.monotonic() + 5
+        while not ex.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "stdin EOF" in json.loads(ex.read_text())["stop_reason"]
+
+
+def test_ctrl_c_of_submitting_process_cancels_everything(testbed, trivial_job, record_property):
+    proc, plan, groups = _driver(testbed, trivial_job, "sigint")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=30)[0]
+    gone = wait_gone(groups, timeout=10)
+    record_property("fault_to_all_gone_s", round(time.monotonic() - t0, 3))
+    assert proc.returncode == 130, out
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["state"] == "CANCELLED" and "Ctrl-C" in result["root_cause"]
+    assert gone < 5
