@@ -1,0 +1,136 @@
+"""SLURM backend benchmark (not CI; root; the local cluster must be up: scripts/slurm_cluster.sh up).
+
+    python bench/bench_slurm.py [--repeats 5]
+
+Measures, median of N, on the same 2-node tiny SFT:
+  ours:   SlurmLauncher.submit (submitit) -> first training step (heartbeat) and -> COMPLETED
+  anchor: a hand-written sbatch + `srun bash -c 'accelerate launch --multi_gpu --machine_rank $SLURM_NODEID ...'`
+and the ratio ours/anchor (goal <= 1.0); plus teardown after a SIGKILLed rank (goal <= 1.5 s):
+kill -> job FAILED and nothing left in the node namespaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "slurm"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("SLURM_CONF", "/tmp/orchestrate-slurm/etc/slurm.conf")
+
+from slurm_helpers import WORK, heartbeat_step, node_namespace_leftovers  # noqa: E402
+
+from launchers.base import JobHandle  # noqa: E402
+from launchers.slurm import SlurmLauncher  # noqa: E402
+from orchestrator import api  # noqa: E402
+
+ANCHOR = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=00:10:00
+#SBATCH --output={run_dir}/anchor-%j.out
+srun bash -c '{py} -m accelerate.commands.launch --multi_gpu --num_machines 2 --num_processes 2 \\
+  --machine_rank $SLURM_NODEID --main_process_ip node1 --main_process_port 29511 --rdzv_backend static \\
+  -m recipes.run {run_dir}/recipe.yaml'
+"""
+
+
+def prepare(tag: str, *over: str):
+    out = WORK / f"bench-out-{tag}-{time.time_ns()}"
+    return api.prepare(str(REPO / "recipes/configs/sft_tiny.yaml"), str(REPO / "cluster_configs/slurm_local.yaml"),
+                       nodes=2, cwd=REPO, overrides=[f"cluster.slurm.python={sys.executable}",
+                                                     f"cluster.slurm.workdir={WORK}", f"trainer.output_dir={out}",
+                                                     *over])
+
+
+def first_step_and_done(L: SlurmLauncher, h: JobHandle, run_dir: Path, t0: float) -> tuple[float, float]:
+    first = None
+    while True:
+        if first is None and heartbeat_step(run_dir) >= 1:
+            first = time.monotonic() - t0
+        q = L.query(h)
+        if q["terminal"]:
+            assert q["state"] == "COMPLETED", q
+            return first or float("nan"), time.monotonic() - t0
+        time.sleep(0.05)
+
+
+def ours() -> tuple[float, float]:
+    prep = prepare("ours")
+    run_dir = Path(prep.plan.run_dir)
+    api.write_files(prep.files, run_dir)
+    L = SlurmLauncher(prep.cluster, poll=0.05)
+    sub = L.prepare(prep.plan)
+    t0 = time.monotonic()
+    h = L.submit(sub)
+    return first_step_and_done(L, h, run_dir, t0)
+
+
+def anchor() -> tuple[float, float]:
+    prep = prepare("anchor")
+    run_dir = Path(prep.plan.run_dir)
+    api.write_files(prep.files, run_dir)
+    script = run_dir / "anchor.sbatch"
+    script.write_text(ANCHOR.format(run_dir=run_dir, py=sys.executable))
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", ORCHESTRATE_HEARTBEAT_DIR=str(run_dir / "heartbeats"),
+               ORCHESTRATE_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    t0 = time.monotonic()
+    jid = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
+                         check=True).stdout.strip()
+    L = SlurmLauncher(prep.cluster, poll=0.05)
+    return first_step_and_done(L, JobHandle(f"slurm://{jid}", {"run_dir": str(run_dir)}), run_dir, t0)
+
+
+def teardown_after_kill() -> float:
+    prep = prepare("kill", "trainer.max_steps=100000")
+    run_dir = Path(prep.plan.run_dir)
+    api.write_files(prep.files, run_dir)
+    L = SlurmLauncher(prep.cluster, poll=0.05)
+    h = L.submit(L.prepare(prep.plan))
+    while heartbeat_step(run_dir) < 3:
+        time.sleep(0.1)
+    pid = None
+    for p in subprocess.run(["ip", "netns", "pids", "osl-node2"], capture_output=True, text=True).stdout.split():
+        cmd = Path(f"/proc/{p}/cmdline").read_bytes()
+        if b"recipes.run" in cmd and b"accelerate.commands.launch" not in cmd:
+            pid = int(p)
+    assert pid
+    t0 = time.monotonic()
+    os.kill(pid, 9)
+    while not L.query(h)["terminal"] or node_namespace_leftovers():
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    rows = {"ours": [], "anchor": []}
+    for _ in range(args.repeats):
+        rows["ours"].append(ours())
+        rows["anchor"].append(anchor())
+    med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in rows.items()}
+    kill = statistics.median(teardown_after_kill() for _ in range(min(3, args.repeats)))
+    report = {"repeats": args.repeats,
+              "ours_first_step_s": med["ours"][0], "ours_completed_s": med["ours"][1],
+              "anchor_first_step_s": med["anchor"][0], "anchor_completed_s": med["anchor"][1],
+              "ratio_first_step": med["ours"][0] / med["anchor"][0],
+              "ratio_completed": med["ours"][1] / med["anchor"][1],
+              "teardown_after_sigkill_s": kill}
+    print(json.dumps(report, indent=2))
+    out = REPO / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    (out / "bench_slurm.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

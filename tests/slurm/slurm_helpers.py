@@ -1,0 +1,101 @@
+"""Helpers for the SLURM backend tests (imported by conftest.py and the tests)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "slurm_cluster.sh"
+CLUSTER_DIR = os.environ.get("ORCHESTRATE_SLURM_DIR", "/tmp/orchestrate-slurm")
+WORK = Path(os.environ.get("ORCHESTRATE_SLURM_WORK", "/tmp/orchestrate-slurm-work"))
+PAYLOAD = Path(__file__).resolve().parent / "payload.py"
+NODES = 2
+NEEDED = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "sbatch", "srun", "sacct", "nsenter", "ip")
+
+
+def unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "the local SLURM cluster needs root (network namespaces, daemons)"
+    missing = [b for b in NEEDED if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
+    if missing:
+        return f"SLURM packages missing ({', '.join(missing)}): run scripts/install_slurm_deps.sh"
+    return None
+
+
+def node_namespace_leftovers() -> dict[str, list[str]]:
+    """Processes in the node namespaces other than slurmd itself (zombies count as gone)."""
+    out: dict[str, list[str]] = {}
+    for k in range(1, NODES + 1):
+        ns = f"osl-node{k}"
+        r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+        left = []
+        for pid in r.stdout.split():
+            try:
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if comm != "slurmd" and state not in ("Z", "X"):
+                left.append(f"{pid}:{comm}")
+        if left:
+            out[ns] = left
+    return out
+
+
+def wait_clean(timeout: float = 15.0) -> dict[str, list[str]]:
+    deadline = time.monotonic() + timeout
+    left = node_namespace_leftovers()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = node_namespace_leftovers()
+    return left
+
+
+def local_cluster(**slurm_overrides):
+    """The testbed ClusterSpec (cluster_configs/slurm_local.yaml) with this interpreter as python."""
+    from orchestrator.spec import parse_cluster, read_yaml
+    c = parse_cluster(read_yaml(str(REPO / "cluster_configs" / "slurm_local.yaml"), "cluster"),
+                      str(REPO / "cluster_configs" / "slurm_local.yaml"))
+    return replace(c, slurm=replace(c.slurm, python=sys.executable, workdir=str(WORK), **slurm_overrides))
+
+
+def trivial_plan(name: str, payload_args: list[str], nodes: int = NODES, cluster=None):
+    """A LaunchPlan whose nodes run tests/slurm/payload.py (no torch): launcher mechanics only."""
+    from orchestrator.jobplan import LATE_MAIN_IP, LaunchPlan, NodePlan
+    job_id = f"{name}-{int(time.time() * 1000) % 10**9}"
+    run_dir = str(WORK / "runs" / job_id)
+    cmd = (sys.executable, str(PAYLOAD), *payload_args)
+    nps = tuple(NodePlan(node_rank=r, host="", ranks=(r,), accelerate_config={"main_process_ip": LATE_MAIN_IP},
+                         command=cmd, env={}) for r in range(nodes))
+    plan = LaunchPlan(job_id=job_id, recipe="sft", recipe_name=name, cluster_kind="slurm",
+                      cluster_name="slurm_local", accelerator="cpu", profile="multi_gpu",
+                      distributed_type="MULTI_GPU", nodes=nodes, procs_per_node=1, world_size=nodes,
+                      parallelism={"dp_replicate": 1, "dp_shard": nodes, "tp": 1, "cp": 1, "sp": 1},
+                      data_parallel_size=nodes, per_device_batch=1, grad_accum=1, effective_batch=nodes,
+                      max_length=None, tokens_per_step=None, tokens_per_step_exact=False, main_host=LATE_MAIN_IP,
+                      port=29500, run_dir=run_dir, output_dir=run_dir + "/out", python=sys.executable,
+                      secret_env=(), node_plans=nps)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / "plan.json").write_text(plan.to_json())
+    return plan
+
+
+def heartbeat_step(run_dir: str | Path) -> int:
+    from launchers.slurm_task import latest_step
+    return latest_step(Path(run_dir)) or 0
+
+
+def wait_until(pred, timeout: float, what: str, poll: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -1,0 +1,264 @@
+"""The SLURM backend on a real local cluster (scripts/slurm_cluster.sh): submitit and hand-submitted
+job.sbatch, fail-fast, cancel, requeue -> checkpoint -> resume, a real time limit. All marked `slurm`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from slurm_helpers import (REPO, heartbeat_step, local_cluster, node_namespace_leftovers, trivial_plan, wait_clean,
+                      wait_until)
+from launchers.base import JobHandle
+from launchers.slurm import SlurmLauncher
+from orchestrator.errors import ConfigError
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
+
+
+def sacct_state(jid: str) -> str:
+    r = subprocess.run(["sacct", "-X", "-n", "-P", "-j", jid, "-o", "State"], capture_output=True, text=True)
+    return r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+
+
+# ------------------------------------------------------------------------------- the cluster itself
+
+def test_cluster_runs_two_nodes_and_sacct(slurm_cluster):
+    r = subprocess.run(["srun", "-N2", "hostname"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split()) == ["node1", "node2"]
+    # slurmdbd records the job a moment after it ends: poll (the first job of a fresh cluster takes longest)
+    deadline = time.monotonic() + 30
+    while True:
+        r = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-S", "now-1hour"], capture_output=True,
+                           text=True, timeout=30)
+        if (r.returncode == 0 and "COMPLETED" in r.stdout) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert r.returncode == 0 and "COMPLETED" in r.stdout, r.stdout + r.stderr
+
+
+# ------------------------------------------------------------------------------- mechanics (trivial payload)
+
+@pytest.mark.parametrize("mode", ["submitit", "sbatch"])
+def test_trivial_job_both_paths(slurm_cluster, mode):
+    L = SlurmLauncher(local_cluster())
+    plan = trivial_plan(f"triv-{mode}", ["5", "--sleep", "0.1"])
+    sub = L.prepare(plan)
+    h = L.submit(sub) if mode == "submitit" else L.submit_sbatch(sub)
+    lines: list[tuple[int, str]] = []
+    res = L.wait(h, on_line=lambda r, line: lines.append((r, line)), timeout=120)
+    assert res.state == "COMPLETED", res
+    text = "\n".join(line for _, line in lines)
+    # each node bound its own rank inside its task; hosts node1, node2
+    assert "payload: node 0 on node1" in text and "payload: node 1 on node2" in text
+    agents = [json.loads((Path(plan.run_dir) / "nodes" / str(r) / "agent.json").read_text()) for r in range(2)]
+    assert [a["node_rank"] for a in agents] == [0, 1] and {a["main_ip"] for a in agents} == {"node1"}
+    assert L.status(h) == "COMPLETED" and sacct_state(h.data["job_id"]) == "COMPLETED"
+    assert any("payload: node 1 done" in x for x in L.logs(h, 1))
+    assert wait_clean() == {}
+
+
+def test_failed_rank_ends_job_fast_and_names_it(slurm_cluster):
+    L = SlurmLauncher(local_cluster())
+    plan = trivial_plan("fail", ["600", "--sleep", "0.1", "--fail-at", "10", "--fail-node", "1"])
+    h = L.submit(L.prepare(plan))
+    wait_until(lambda: heartbeat_step(plan.run_dir) >= 10, 60, "node 1 to reach step 10")
+    t0 = time.monotonic()
+    res = L.wait(h, timeout=60)
+    assert time.monotonic() - t0 < 8
+    assert res.state == "FAILED" and res.returncode == 7
+    assert "node 1 (node2)" in res.root_cause and "exit code 7" in res.root_cause, res.root_cause
+    assert wait_clean(10) == {}
+
+
+def test_scancel_cancels_everything(slurm_cluster):
+    L = SlurmLauncher(local_cluster())
+    plan = trivial_plan("cancel", ["6000", "--sleep", "0.1"])
+    h = L.submit(L.prepare(plan))
+    wait_until(lambda: heartbeat_step(plan.run_dir) >= 3, 60, "the job to run")
+    t0 = time.monotonic()
+    L.cancel(h)
+    res = L.wait(h, timeout=60)
+    assert res.state == "CANCELLED" and time.monotonic() - t0 < 10
+    assert wait_clean(15) == {}, node_namespace_leftovers()
+
+
+@pytest.mark.parametrize("mode", ["submitit", "sbatch"])
+def test_usr2_preemption_checkpoint_requeue_resume(slurm_cluster, mode):
+    """USR2 as SLURM sends it ahead of the limit -> every rank saves -> requeue -> resume from the save."""
+    L = SlurmLauncher(local_cluster())
+    plan = trivial_plan(f"pre-{mode}", ["80", "--sleep", "0.1", "--save-dir", "CKPT"])
+    ckpt = Path(plan.run_dir) / "ckpt"
+    plan = replace(plan, node_plans=tuple(replace(n, command=tuple(str(ckpt) if a == "CKPT" else a for a in n.command))
+                                          for n in plan.node_plans))
+    (Path(plan.run_dir) / "plan.json").write_text(plan.to_json())
+    sub = L.prepare(plan)
+    h = L.submit(sub) if mode == "submitit" else L.submit_sbatch(sub)
+    jid = h.data["job_id"]
+    wait_until(lambda: heartbeat_step(plan.run_dir) >= 15, 60, "step 15")
+    # submitit puts USR2 on the steps (--signal=USR2@lead); job.sbatch on the batch shell (B:USR2@lead)
+    target = ["--batch"] if mode == "sbatch" else []
+    subprocess.run(["scancel", *target, "--signal=USR2", jid], check=True)
+    res = L.wait(h, timeout=180)
+    assert res.state == "COMPLETED", res
+    saved = json.loads((ckpt / "ckpt.json").read_text())["step"]
+    log0 = (Path(plan.run_dir) / "logs" / "node0.log").read_text()
+    assert f"payload: resumed from step {saved}" in log0 and saved >= 10
+    assert "payload: node 0 done at step 80" in log0
+    q = L.query(h)
+    assert q["restarts"] == 1
+    hist = [json.loads(x) for x in (Path(plan.run_dir) / "restarts.jsonl").read_text().splitlines()]
+    assert [x["decision"] for x in hist] == ["requeue"]
+
+
+@pytest.mark.slow
+def test_real_time_limit_signal_requeues(slurm_cluster):
+    """--time 2 min, USR2 60 s ahead: the signal comes from SLURM's own time limit handling."""
+    L = SlurmLauncher(local_cluster(time="00:02:00", signal_lead_s=60))
+    plan = trivial_plan("tlimit", ["500", "--sleep", "0.2", "--save-dir", "CKPT"])
+    ckpt = Path(plan.run_dir) / "ckpt"
+    plan = replace(plan, node_plans=tuple(replace(n, command=tuple(str(ckpt) if a == "CKPT" else a for a in n.command))
+                                          for n in plan.node_plans))
+    (Path(plan.run_dir) / "plan.json").write_text(plan.to_json())
+    h = L.submit_sbatch(L.prepare(plan))
+    res = L.wait(h, timeout=480)
+    log0 = (Path(plan.run_dir) / "logs" / "node0.log").read_text()
+    assert "payload: resumed from step" in log0, log0[-2000:]
+    hist = [json.loads(x) for x in (Path(plan.run_dir) / "restarts.jsonl").read_text().splitlines()]
+    assert hist and hist[0]["decision"] == "requeue"
+    assert res.state == "COMPLETED", res
+
+
+# ------------------------------------------------------------------------------- bad input before sbatch
+
+def test_bad_input_is_a_config_error_before_sbatch(slurm_cluster):
+    L = SlurmLauncher(local_cluster(partition="nosuchpartition"))
+    plan = trivial_plan("badpart", ["1"])
+    with pytest.raises(ConfigError) as e:
+        L.submit(L.prepare(plan))
+    assert e.value.exit_code == 2 and "slurm.partition" in str(e.value)
+    assert not (Path(plan.run_dir) / "slurm_job_id").exists()
+    with pytest.raises(ConfigError) as e:
+        SlurmLauncher(local_cluster(gpus_per_node=4)).prepare(plan)
+    assert "slurm.gpus_per_node" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        SlurmLauncher(local_cluster(time="00:00:20", signal_lead_s=30)).prepare(plan)
+    assert "slurm.time" in str(e.value)
+
+
+# ------------------------------------------------------------------------------- real training
+
+def _prepare_sft(tag: str, *overrides: str):
+    from orchestrator import api
+    out = Path(os.environ.get("ORCHESTRATE_SLURM_WORK", "/tmp/orchestrate-slurm-work")) / f"out-{tag}-{time.time_ns()}"
+    cl = REPO / "cluster_configs" / "slurm_local.yaml"
+    return api.prepare(str(REPO / "recipes/configs/sft_tiny.yaml"), str(cl), nodes=2, cwd=REPO,
+                       overrides=[f"cluster.slurm.python={sys.executable}",
+                                  f"cluster.slurm.workdir={os.environ.get('ORCHESTRATE_SLURM_WORK', '/tmp/orchestrate-slurm-work')}",
+                                  f"trainer.output_dir={out}", *overrides])
+
+
+def _result(run_dir: str) -> dict:
+    text = (Path(run_dir) / "logs" / "node0.log").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("ORCHESTRATE_RESULT ")]
+    assert lines, text[-3000:]
+    return json.loads(lines[-1][len("ORCHESTRATE_RESULT "):])
+
+
+def _assert_synced(result: dict) -> None:
+    assert result["world_size"] == 2
+    ranks = result["ranks"]
+    assert len({r["param_sha"] for r in ranks}) == 1, ranks  # same weights on both nodes
+    assert len({r["first_batch_sha"] for r in ranks}) == 2, ranks  # ... from different data: really distributed
+
+
+def test_sft_two_nodes_through_the_launcher(slurm_cluster):
+    from orchestrator import api
+    prep = _prepare_sft("submitit")
+    res = api.submit(prep)
+    assert res.state == "COMPLETED", res
+    r = _result(prep.plan.run_dir)
+    _assert_synced(r)
+    assert r["global_step"] == r["max_steps"] and r["final_loss"] < r["first_loss"]
+    assert wait_clean() == {}
+
+
+def test_sft_two_nodes_hand_submitted_sbatch(slurm_cluster):
+    """The rendered job.sbatch, submitted with plain `sbatch` as a user would."""
+    from orchestrator import api
+    prep = _prepare_sft("sbatch")
+    run_dir = Path(prep.plan.run_dir)
+    api.write_files(prep.files, run_dir)
+    sub = SlurmLauncher(prep.cluster).prepare(prep.plan)
+    api.write_files(sub.files, run_dir)
+    r = subprocess.run(["sbatch", "--parsable", str(run_dir / "job.sbatch")], capture_output=True, text=True,
+                       cwd="/", timeout=60)
+    assert r.returncode == 0, r.stderr
+    jid = r.stdout.strip()
+    h = JobHandle(f"slurm://{jid}", {"run_dir": str(run_dir), "job_id": jid, "nodes": 2})
+    res = SlurmLauncher(prep.cluster).wait(h, timeout=300)
+    assert res.state == "COMPLETED", res
+    _assert_synced(_result(str(run_dir)))
+    assert wait_clean() == {}
+
+
+def _rank_pid(ns: str) -> int | None:
+    r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+    for pid in r.stdout.split():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"recipes.run" in cmd and b"accelerate.commands.launch" not in cmd:
+            return int(pid)
+    return None
+
+
+def test_sft_rank_killed_fails_within_seconds(slurm_cluster):
+    from launchers.base import JobHandle  # noqa: F401
+    from orchestrator import api
+    prep = _prepare_sft("kill", "trainer.max_steps=100000")
+    run_dir = Path(prep.plan.run_dir)
+    api.write_files(prep.files, run_dir)
+    L = SlurmLauncher(prep.cluster)
+    h = L.submit(L.prepare(prep.plan))
+    wait_until(lambda: heartbeat_step(run_dir) >= 5, 180, "training to reach step 5")
+    pid = wait_until(lambda: _rank_pid("osl-node2"), 10, "the rank process on node2")
+    t0 = time.monotonic()
+    os.kill(pid, 9)
+    res = L.wait(h, timeout=60)
+    took = time.monotonic() - t0
+    assert res.state == "FAILED", res
+    assert took < 10, took
+    assert "node 1 (node2)" in res.root_cause, res.root_cause
+    assert wait_clean(10) == {}, node_namespace_leftovers()
+
+
+def test_sft_scontrol_requeue_checkpoints_and_resumes(slurm_cluster):
+    """`scontrol requeue` (what preemption with PreemptMode=REQUEUE does): the ranks get SIGTERM, save a
+    checkpoint, the job runs again and resumes from it (asserted on the global step)."""
+    from orchestrator import api
+    prep = _prepare_sft("requeue", "trainer.max_steps=300")
+    run_dir = Path(prep.plan.run_dir)
+    api.write_files(prep.files, run_dir)
+    L = SlurmLauncher(prep.cluster)
+    h = L.submit(L.prepare(prep.plan))
+    wait_until(lambda: heartbeat_step(run_dir) >= 20, 180, "training to reach step 20")
+    subprocess.run(["scontrol", "requeue", h.data["job_id"]], check=True)
+    res = L.wait(h, timeout=400)
+    assert res.state == "COMPLETED", res
+    r = _result(str(run_dir))
+    assert r["resumed_from"], r
+    m = re.search(r"checkpoint-(\d+)", str(r["resumed_from"]))
+    assert m and int(m.group(1)) >= 20
+    assert r["global_step"] == 300
+    assert L.query(h)["restarts"] >= 1
