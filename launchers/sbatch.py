@@ -22,9 +22,9 @@ from typing import Any
 
 from orchestrator.errors import Problem
 from orchestrator.jobplan import LaunchPlan
+from orchestrator.plan import parse_time_s, slurm_problems
 
 SIGNAL = "USR2"  # NCCL uses USR1 itself
-_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 _EXTRA_OK = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*(=.*)?$")
 # Options the script sets itself: overriding them through extra_sbatch would break what it relies on.
 RESERVED = frozenset({"nodes", "N", "ntasks-per-node", "ntasks", "n", "output", "o", "error", "e", "signal",
@@ -33,17 +33,7 @@ RESERVED = frozenset({"nodes", "N", "ntasks-per-node", "ntasks", "n", "output", 
 
 def time_seconds(value: str) -> int | None:
     """SLURM time limits (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) -> seconds; None if malformed."""
-    m = _TIME.fullmatch(str(value).strip())
-    if not m:
-        return None
-    d, a, b, c = m.groups()
-    if d is not None:
-        return int(d) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
-    if b is None:
-        return int(a) * 60
-    if c is None:
-        return int(a) * 60 + int(b)
-    return int(a) * 3600 + int(b) * 60 + int(c)
+    return parse_time_s(str(value))
 
 
 def extra_option(arg: str) -> tuple[str, Any]:
@@ -59,20 +49,9 @@ def check_slurm(slurm: Any, cluster_name: str, procs_per_node: int = 1, accelera
     where = f"cluster {cluster_name!r}"
     if slurm is None:
         return [Problem("slurm", f"{where} has kind slurm but no slurm: block")]
-    if slurm.max_gpus_per_node is not None and slurm.gpus_per_node > slurm.max_gpus_per_node:
-        problems.append(Problem("slurm.gpus_per_node", f"{slurm.gpus_per_node} GPUs per node asked but {where} "
-                                                       f"nodes have {slurm.max_gpus_per_node}"))
-    secs = time_seconds(slurm.time)
-    if secs is None:
-        problems.append(Problem("slurm.time", f"not a SLURM time limit (MM, HH:MM:SS, D-HH:MM): {slurm.time!r}"))
-    elif secs <= slurm.signal_lead_s:
-        problems.append(Problem("slurm.time", f"time limit {slurm.time} ({secs} s) is not longer than the "
-                                              f"preemption signal lead slurm.signal_lead_s = {slurm.signal_lead_s} s"))
+    problems.extend(slurm_problems(slurm, cluster_name, procs_per_node, accelerator))
     if slurm.signal_lead_s > 65535:
         problems.append(Problem("slurm.signal_lead_s", f"SLURM accepts at most 65535 s, got {slurm.signal_lead_s}"))
-    if accelerator == "gpu" and slurm.gpus_per_node and procs_per_node > slurm.gpus_per_node:
-        problems.append(Problem("launch.procs_per_node", f"{procs_per_node} processes per node but "
-                                                         f"slurm.gpus_per_node = {slurm.gpus_per_node}"))
     for i, arg in enumerate(slurm.extra_sbatch):
         if not _EXTRA_OK.match(arg) or "\n" in arg:
             problems.append(Problem(f"slurm.extra_sbatch[{i}]", f"expected one option like --reservation=foo, "

@@ -160,19 +160,25 @@ def _cluster_rules(recipe: RecipeSpec, cluster: ClusterSpec, facts: PlanFacts, p
             problems.append(Problem("launch.nodes", f"{nodes} nodes asked but cluster {cluster.name!r} lists only "
                                                     f"{len(hosts)} host(s)"))
     if cluster.kind == "slurm" and cluster.slurm is not None:
-        s = cluster.slurm
-        if s.max_gpus_per_node is not None and s.gpus_per_node > s.max_gpus_per_node:
-            problems.append(Problem("slurm.gpus_per_node", f"{s.gpus_per_node} GPUs per node asked but cluster "
-                                                           f"{cluster.name!r} nodes have {s.max_gpus_per_node}"))
-        secs = parse_time_s(s.time)
-        if secs is None:
-            problems.append(Problem("slurm.time", f"not a SLURM time limit (HH:MM:SS, D-HH:MM, MM): {s.time!r}"))
-        elif secs <= s.signal_lead_s:
-            problems.append(Problem("slurm.time", f"time limit {s.time} ({secs} s) is not longer than the "
-                                                  f"preemption signal lead slurm.signal_lead_s = {s.signal_lead_s} s"))
-        if facts.accelerator == "gpu" and s.gpus_per_node and recipe.launch.procs_per_node > s.gpus_per_node:
-            problems.append(Problem("launch.procs_per_node", f"{recipe.launch.procs_per_node} processes per node but "
-                                                             f"slurm.gpus_per_node = {s.gpus_per_node}"))
+        problems.extend(slurm_problems(cluster.slurm, cluster.name, recipe.launch.procs_per_node, facts.accelerator))
+
+
+def slurm_problems(s, cluster_name: str, procs_per_node: int, accelerator: str) -> list[Problem]:
+    """The checks of a `slurm:` block that need no cluster (also used by launchers.sbatch.check_slurm)."""
+    problems: list[Problem] = []
+    if s.max_gpus_per_node is not None and s.gpus_per_node > s.max_gpus_per_node:
+        problems.append(Problem("slurm.gpus_per_node", f"{s.gpus_per_node} GPUs per node asked but cluster "
+                                                       f"{cluster_name!r} nodes have {s.max_gpus_per_node}"))
+    secs = parse_time_s(s.time)
+    if secs is None:
+        problems.append(Problem("slurm.time", f"not a SLURM time limit (HH:MM:SS, D-HH:MM, MM): {s.time!r}"))
+    elif secs <= s.signal_lead_s:
+        problems.append(Problem("slurm.time", f"time limit {s.time} ({secs} s) is not longer than the "
+                                              f"preemption signal lead slurm.signal_lead_s = {s.signal_lead_s} s"))
+    if accelerator == "gpu" and s.gpus_per_node and procs_per_node > s.gpus_per_node:
+        problems.append(Problem("launch.procs_per_node", f"{procs_per_node} processes per node but "
+                                                         f"slurm.gpus_per_node = {s.gpus_per_node}"))
+    return problems
 
 
 def _node_config(base: dict[str, Any], *, rank: int, nodes: int, world: int, main_host: str, port: int,

@@ -77,25 +77,6 @@ def state(pid: int) -> str | None:
     return st[0] if st else None
 
 
-def rank_pids(pgid: int) -> dict[int, int]:
-    """Global rank -> pid for the processes of a group that carry RANK in their environment (torchrun workers)."""
-    out: dict[int, int] = {}
-    for pid in group_members(pgid):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        for item in env:
-            if item.startswith(b"RANK="):
-                try:
-                    out.setdefault(int(item[5:]), pid)
-                except ValueError:
-                    pass
-                break
-    return out
-
-
 def dump_stack(pid: int, timeout: float = 20.0) -> str:
     """A Python stack dump of `pid` with py-spy (non-blocking read; works on stopped processes)."""
     import shutil

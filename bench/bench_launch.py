@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Launch overhead and teardown over SSH (not CI): `orchestrate submit` 2-node vs hand-run per-node
+`accelerate launch` over ssh, same config, same hosts, in one run.
+
+    python bench/bench_launch.py [--repeat 5] [--steps 6]
+
+- time to first training step (command start -> rank 0's first step heartbeat), ours vs anchor,
+  median of `repeat`, as a ratio (goal <= 1.0), with a per-phase breakdown of ours:
+  submit (validate, plan, connect, pre-flight, copy, exec) -> agent started -> train begin (launcher start,
+  rendezvous, model load) -> first step;
+- teardown: one rank SIGKILLed mid-training -> every process of the job gone on every node (goal <= 1.5 s).
+Needs root (real sshd hosts on loopback, scripts/sshd_hosts.py). Results: bench/results/launch.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+
+import sshd_hosts  # noqa: E402
+import yaml  # noqa: E402
+
+from orchestrator import api  # noqa: E402
+from orchestrator.proctools import alive, group_members, marked, marked_ranks  # noqa: E402
+
+
+def heartbeats(run_dir: Path) -> list[dict]:
+    out = []
+    for p in (run_dir / "heartbeats").glob("rank*.jsonl"):
+        for line in p.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def first(recs: list[dict], event: str, rank: int = 0) -> float | None:
+    ts = [r["t"] for r in recs if r.get("rank") == rank and r.get("event") == event]
+    return min(ts) if ts else None
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def prepare(cluster: Path, tmp: Path, tag: str, steps: int, run_dir: str | None = None):
+    return api.prepare(str(REPO / "recipes/configs/sft_tiny.yaml"), str(cluster), nodes=2, cwd=REPO, run_dir=run_dir,
+                       overrides=[f"trainer.max_steps={steps}", "trainer.logging_steps=1", "checkpoint.resume=never",
+                                  f"trainer.output_dir={tmp / 'out' / tag}", "health.stall_timeout=120"])
+
+
+def remote_run_dir(tb, host: str, job_id: str) -> Path:
+    return Path(tb.dir) / "work" / host / "runs" / job_id
+
+
+def ours(tb, cluster: Path, tmp: Path, i: int, steps: int) -> dict:
+    t0 = time.time()
+    prep = prepare(cluster, tmp, f"ours{i}", steps)
+    res = api.submit(prep)
+    assert res.state == "COMPLETED", res.root_cause
+    local = Path(api._home()) / "runs" / prep.plan.job_id
+    recs = heartbeats(local)
+    agent = json.loads((remote_run_dir(tb, tb.hosts[0], prep.plan.job_id) / "nodes/0/agent.json").read_text())
+    begin, step = first(recs, "start"), first(recs, "step")
+    return {"first_step_s": step - t0, "phases": {"submit_to_agent_started": agent["started"] - t0,
+                                                   "agent_to_train_begin": begin - agent["started"],
+                                                   "train_begin_to_first_step": step - begin}}
+
+
+def anchor(tb, cluster: Path, tmp: Path, i: int, steps: int) -> dict:
+    """Hand-run: per node, `ssh host 'env ... accelerate launch --config_file nodeR.yaml -m recipes.run ...'`."""
+    d = tmp / f"anchor{i}"
+    prep = prepare(cluster, tmp, f"anchor{i}", steps, run_dir=str(d))
+    api.write_files(prep.files, d)
+    (d / "heartbeats").mkdir(exist_ok=True)
+    opts = ["-i", tb.key, "-p", str(tb.port), "-o", f"UserKnownHostsFile={tb.known_hosts}", "-o",
+            "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "KexAlgorithms=curve25519-sha256"]
+    t0 = time.time()
+    procs = []
+    for r, host in enumerate(tb.hosts[:2]):
+        cmd = (f"cd {REPO} && GLOO_SOCKET_IFNAME=lo ORCHESTRATE_ACCELERATOR=cpu ORCHESTRATE_HEARTBEAT_DIR={d}/heartbeats "
+               f"{tb.python} -m accelerate.commands.launch --config_file {d}/nodes/{r}/accelerate.yaml "
+               f"-m recipes.run {d}/recipe.yaml")
+        procs.append(subprocess.Popen(["ssh", *opts, f"{tb.user}@{host}", cmd], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+    rcs = [p.wait(timeout=600) for p in procs]
+    assert rcs == [0, 0], rcs
+    step = first(heartbeats(d), "step")
+    return {"first_step_s": step - t0}
+
+
+def teardown(tb, cluster: Path, tmp: Path, i: int) -> float:
+    prep = prepare(cluster, tmp, f"kill{i}", 500)
+    box = {}
+    t = threading.Thread(target=lambda: box.update(r=api.submit(prep)))
+    t.start()
+    jid = prep.plan.job_id
+    local = Path(api._home()) / "runs" / jid
+    wait_for(lambda: first(heartbeats(local), "step"), 180, "first step")
+    infos = [json.loads((remote_run_dir(tb, h, jid) / f"nodes/{r}/agent.json").read_text())
+             for r, h in enumerate(tb.hosts[:2])]
+    victim = wait_for(lambda: marked_ranks(infos[1]["token"]).get(1), 30, "rank 1 pid")
+    pids = [p for a in infos for p in marked(a["token"]) + group_members(a["pgid"]) + [a["agent_pid"]]]
+    t0 = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: not any(alive(p) for p in pids) and not any(marked(a["token"]) for a in infos), 60,
+             "every process gone")
+    gone = time.monotonic() - t0
+    t.join(60)
+    assert box["r"].state == "FAILED", box["r"]
+    return gone
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--base-ip", default="127.0.30.2")
+    ap.add_argument("--port", type=int, default=2224)
+    args = ap.parse_args()
+    why = sshd_hosts.prerequisites()
+    if why:
+        print(f"bench_launch: {why}", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="bench-launch-"))
+    os.environ["ORCHESTRATE_HOME"] = str(tmp / "home")
+    tb = sshd_hosts.up(2, tmp / "sshd", base_ip=args.base_ip, port=args.port)
+    try:
+        cluster = tmp / "cluster.yaml"
+        cluster.write_text(yaml.safe_dump({"kind": "ssh", "name": "bench", "accelerator": "cpu",
+                                           "network_interface": "lo", "ssh": tb.ssh_block()}))
+        api.submit(prepare(cluster, tmp, "warm", 2))  # warm caches (tiny model, trl field list, page cache)
+        runs = {"ours": [], "anchor": []}
+        for i in range(args.repeat):  # interleaved, so drift hits both alike
+            runs["anchor"].append(anchor(tb, cluster, tmp, i, args.steps))
+            runs["ours"].append(ours(tb, cluster, tmp, i, args.steps))
+            print(f"run {i}: ours {runs['ours'][-1]['first_step_s']:.2f}s anchor "
+                  f"{runs['anchor'][-1]['first_step_s']:.2f}s", flush=True)
+        kills = [teardown(tb, cluster, tmp, i) for i in range(args.repeat)]
+    finally:
+        sshd_hosts.down(tmp / "sshd")
+    med = {k: statistics.median(r["first_step_s"] for r in v) for k, v in runs.items()}
+    phases = {k: round(statistics.median(r["phases"][k] for r in runs["ours"]), 3)
+              for k in runs["ours"][0]["phases"]}
+    result = {"first_step_s": {k: round(v, 3) for k, v in med.items()}, "ratio": round(med["ours"] / med["anchor"], 3),
+              "ours_phases_median_s": phases, "teardown_after_sigkill_s": [round(k, 3) for k in kills],
+              "teardown_median_s": round(statistics.median(kills), 3), "repeat": args.repeat, "steps": args.steps,
+              "runs": runs}
+    out = REPO / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "launch.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"time to first step (median of {args.repeat}): ours {med['ours']:.2f}s, hand-run accelerate launch over "
+          f"ssh {med['anchor']:.2f}s, ratio {result['ratio']:.3f} (goal <= 1.0)")
+    print("ours, per phase (median): " + ", ".join(f"{k} {v:.2f}s" for k, v in phases.items()))
+    print(f"teardown after a SIGKILLed rank, to the last process gone: median {result['teardown_median_s']:.2f}s "
+          f"(all: {result['teardown_after_sigkill_s']}; goal <= 1.5 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
