@@ -84,7 +84,7 @@ class HealthMonitor:
         out = []
         for rank in range(self.world_size):
             st = self.ranks.get(rank)
-            if st is not None and st.event == "end":
+            if st is not None and st.event in ("end", "preempted"):
                 continue
             if st is None or not st.stepped:
                 ref, limit, phase = (st.received if st else self.started), self.startup_timeout, "startup"

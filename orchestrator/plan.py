@@ -226,7 +226,10 @@ def make_plan(recipe: RecipeSpec, cluster: ClusterSpec, facts: PlanFacts) -> Lau
     cpu = facts.accelerator == "cpu"
     warnings: list[str] = []
     if cpu and dist == "FSDP":
-        warnings.append("FSDP on CPU: accelerate drops the FSDP plugin on CPU-only runs; see docs/recipes.md")
+        fsdp_v = str((facts.profile_config.get("fsdp_config") or {}).get("fsdp_version", "1"))
+        if fsdp_v != "2":
+            problems.append(Problem("launch.profile", f"{facts.profile_name!r} is FSDP1, which does not run on CPU "
+                                                      "clusters; use fsdp2 (sharded on CPU by recipes/fsdp_cpu.py)"))
     if problems:
         raise ConfigError(problems, source=recipe.source)
 
