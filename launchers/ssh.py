@@ -489,8 +489,7 @@ class SSHLauncher:
                     last_hb = now
                     stalls = job.monitor.stalls(time.time())
                     if stalls:
-                        job.hang = stalls[0].describe() + (f"; ranks {', '.join(str(x.rank) for x in stalls[1:])} "
-                                                           "also silent" if len(stalls) > 1 else "")
+                        job.hang = self._diagnose_hang(job, stalls)
                         job.teardown_started = now
                         self._teardown(job, "hang: " + job.hang)
                 if rank is None:
@@ -515,6 +514,40 @@ class SSHLauncher:
             if job.teardown_started is None:  # clean finish: sweep leftovers (none expected)
                 self._teardown(job, "")
         return self._finish(job, failed)
+
+    def _diagnose_hang(self, job: _Job, stalls) -> str:
+        """Ask every node which of its ranks is stopped (and keep their stacks) before the teardown: the
+        stopped rank is the culprit; else the one silent longest."""
+        from launchers.ssh_transport import remote_command
+        stopped: dict[int, int] = {}
+
+        def one(host: str) -> None:
+            n = _node(job.nodes, host)
+            conn = job.pool.conns.get(host)
+            if conn is None or not conn.alive:
+                return
+            cmd = remote_command([str(_get(self.ssh, "python", "python3")), "-m", "orchestrator.node_agent", n.run_dir,
+                                  "--node-rank", str(n.rank), "--diagnose"])
+            rc, out, _ = conn.run(cmd, timeout=30)
+            for line in out.decode(errors="replace").splitlines():
+                try:
+                    for g, info in json.loads(line).get("ranks", {}).items():
+                        if info.get("state") == "T":
+                            stopped[int(g)] = int(info["pid"])
+                except (ValueError, AttributeError):
+                    continue
+        try:
+            job.pool.map(one, [n.host for n in job.nodes])
+        except Exception:  # noqa: BLE001 - diagnosis is best effort; the teardown must happen regardless
+            pass
+        culprit = next((s for s in stalls if s.rank in stopped), stalls[0])
+        text = culprit.describe()
+        if culprit.rank in stopped:
+            text += f" (process {stopped[culprit.rank]} is stopped)"
+        others = [str(s.rank) for s in stalls if s.rank != culprit.rank]
+        if others:
+            text += f"; ranks {', '.join(others)} also silent"
+        return text + "; stacks in RUN_DIR/stacks/ on each host"
 
     def _teardown(self, job: _Job, reason: str, grace: float | None = None) -> None:
         """TERM every node's process groups, KILL after the grace; close stdins (agents see EOF)."""

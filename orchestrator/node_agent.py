@@ -280,6 +280,29 @@ def kill_node(run_dir: Path, rank: int | None, grace: float) -> int:
     return 0
 
 
+def diagnose_node(run_dir: Path, rank: int | None, stacks: bool = True) -> int:
+    """Print one JSON line per node: each rank's pid and /proc state (T = stopped), and keep py-spy stacks in
+    RUN_DIR/stacks/. Run on the node (over SSH) when the monitor sees a hang, before the teardown."""
+    from orchestrator.proctools import dump_stack, marked_ranks, state
+    ranks = [rank] if rank is not None else sorted(int(p.name) for p in (run_dir / "nodes").iterdir()
+                                                   if p.name.isdigit())
+    for r in ranks:
+        try:
+            info = json.loads((run_dir / "nodes" / str(r) / "agent.json").read_text())
+        except (OSError, ValueError):
+            continue
+        pids = marked_ranks(str(info.get("token")))
+        out = {"node_rank": r, "ranks": {str(g): {"pid": pid, "state": state(pid)} for g, pid in sorted(pids.items())}}
+        if stacks and pids:
+            d = run_dir / "stacks"
+            d.mkdir(mode=0o700, exist_ok=True)
+            for g, pid in sorted(pids.items()):
+                (d / f"rank{g}.txt").write_text(dump_stack(pid))
+            out["stacks"] = str(d)
+        print(json.dumps(out, sort_keys=True), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m orchestrator.node_agent", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir")
@@ -291,12 +314,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grace", type=float, default=5.0, help="seconds between TERM and KILL")
     ap.add_argument("--kill", action="store_true", help="kill every process of this node's launch (recorded in "
                     "agent.json), wherever it is in the process tree, and exit")
+    ap.add_argument("--diagnose", action="store_true", help="print each rank's pid and process state and keep "
+                    "py-spy stacks in RUN_DIR/stacks/ (hang diagnosis), then exit")
     ap.add_argument("--forward-heartbeats", action="store_true",
                     help="print the ranks' heartbeats on stdout as ORCHESTRATE_HB lines")
     args = ap.parse_args(argv)
     run_dir = Path(args.run_dir).expanduser().resolve()
     if args.kill:
         return kill_node(run_dir, args.node_rank, args.grace)
+    if args.diagnose:
+        return diagnose_node(run_dir, args.node_rank)
     try:
         plan = LaunchPlan.from_json((run_dir / "plan.json").read_text())
         rank = bind_rank(args.node_rank, dict(os.environ), plan.nodes)
