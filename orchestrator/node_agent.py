@@ -126,7 +126,7 @@ class Agent:
         # the ranks. Ignored dispositions survive exec, so the launcher ignores USR2 and each rank's own
         # handler (the recipes' save-on-signal) replaces the ignore in the ranks.
         self.proc = subprocess.Popen(argv, env=self.environment(secrets), start_new_session=True,
-                                     stdin=subprocess.DEVNULL, preexec_fn=_ignore_usr2)
+                                     stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
         write_json(self.node_dir / "agent.json", {
             "agent_pid": os.getpid(), "agent_pgid": os.getpgrp(), "pid": self.proc.pid, "pgid": self.proc.pid,
             "host": socket.gethostname(), "node_rank": self.rank, "main_ip": self.main_ip, "started": time.time(),
@@ -238,8 +238,16 @@ class Agent:
         return bool(ranks) and all(last.get(r) == "preempted" for r in ranks)
 
 
-def _ignore_usr2() -> None:
+def _child_setup() -> None:
+    """In the launch process before exec: ignore USR2 (see start) and get SIGTERM if the agent dies (Linux
+    PR_SET_PDEATHSIG), so an agent killed with SIGKILL still takes its launch down; torchrun then stops its
+    ranks."""
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def read_secrets_line() -> dict[str, str]:

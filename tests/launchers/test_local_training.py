@@ -48,3 +48,20 @@ def test_two_local_nodes_train_with_synced_gradients(tmp_path):
     assert len({x["first_batch_sha"] for x in ranks}) == 2, ranks  # ...having seen different data
     assert res["final_loss"] < res["first_loss"]
     assert "[localhost node1]" in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_dpo_zero3_on_two_local_nodes(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", "recipes/configs/dpo_tiny.yaml", "--nodes",
+                        "2", "--profile", "zero3", "trainer.max_steps=4", f"trainer.output_dir={tmp_path / 'out'}"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "profile    zero3 -> DEEPSPEED" in r.stdout
+    m = re.search(r"^\[\S+ node0\] ORCHESTRATE_RESULT (\{.*\})$", r.stdout, re.MULTILINE)
+    res = json.loads(m.group(1))
+    assert res["world_size"] == 2 and res["global_step"] == 4
+    # ZeRO-3: each rank holds half of the parameters
+    assert all(x["local_param_numel"] < x["full_param_numel"] for x in res["ranks"]), res["ranks"]
+    assert res["first_loss"] != res["final_loss"]

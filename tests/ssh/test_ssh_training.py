@@ -151,3 +151,78 @@ def test_sigstop_rank_mid_training_is_detected_as_hang(testbed, sft, record_prop
     assert stacks.exists() and stacks.read_text().strip()
     assert detected < 4 + 8
     assert gone < 10
+
+
+def test_two_nodes_two_processes_each_train_in_sync(testbed, sft):
+    launcher, sub, plan, _ = sft(6, extra=("launch.procs_per_node=2",))
+    assert plan.world_size == 4
+    lines: list[str] = []
+    res = launcher.wait(launcher.submit(sub), on_line=lambda r, line: lines.append(line))
+    assert res.state == "COMPLETED", res.root_cause
+    result = json.loads(next(line for line in lines if line.startswith("ORCHESTRATE_RESULT "))[19:])
+    ranks = result["ranks"]
+    assert result["world_size"] == 4 and len(ranks) == 4
+    assert len({r["param_sha"] for r in ranks}) == 1, "parameters differ across the 4 ranks"
+    assert len({r["first_batch_sha"] for r in ranks}) == 4, "ranks saw the same data"
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rfind(")") + 2:].split()[1])
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        for c in children.get(pid, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def test_node_loses_sshd_and_agent_mid_training(testbed, sft, record_property):
+    """Host 2's sshd (daemon and our session) and its node agent are SIGKILLed mid-training: the submit host
+    loses the node (connection gone), tears the other node down; on host 2 nothing is left either (the launch
+    gets SIGTERM from PR_SET_PDEATHSIG when its agent dies; torchrun stops its ranks). Then sshd is restarted."""
+    import subprocess
+    import sshd_hosts
+    launcher, sub, plan, _ = sft(400)
+    handle = launcher.submit(sub)
+    box = {}
+    t = threading.Thread(target=lambda: box.update(r=launcher.wait(handle)))
+    t.start()
+    _wait_first_step(testbed, plan)
+    _, groups = _rank_pid(testbed, plan, 1)
+    host = plan.node_plans[1].host
+    daemon = testbed.pids[host]
+    agent = agent_info(testbed, host, plan.job_id, 1)["agent_pid"]
+    sshds = [daemon] + [p for p in _descendants(daemon)
+                        if Path(f"/proc/{p}/comm").exists() and Path(f"/proc/{p}/comm").read_text().strip() == "sshd"]
+    t0 = time.monotonic()
+    for pid in [*sshds, agent]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        gone = wait_gone(groups, timeout=40)
+        t.join(60)
+        res = box["r"]
+        record_property("fault_to_all_gone_s", round(gone, 3))
+        print(f"sshd + agent of node 1 SIGKILLed: every process on every host gone after {gone:.2f}s; "
+              f"result after {time.monotonic() - t0:.2f}s: {res.state}: {res.root_cause[:160]}")
+        assert res.state == "FAILED"
+        assert f"node 1 ({host})" in res.root_cause, res.root_cause
+    finally:  # bring host 2's sshd back for the rest of the session (same host key)
+        hd = Path(testbed.dir) / "hosts" / host
+        (hd / "sshd.pid").unlink(missing_ok=True)
+        subprocess.run([sshd_hosts.SSHD, "-f", str(hd / "sshd_config"), "-E", str(hd / "sshd.log")], check=True)
+        deadline = time.monotonic() + 10
+        while not sshd_hosts._port_busy(host, testbed.port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        testbed.pids[host] = sshd_hosts._read_pid(hd / "sshd.pid")
