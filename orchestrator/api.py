@@ -317,7 +317,12 @@ def _run_once(prepared: Prepared, store, run_dir: Path, attempt: int, on_line, o
         pass
     if on_event:
         on_event("running", {"job_id": plan.job_id, "handle": handle.uri, "attempt": attempt})
-    return launcher.wait(handle, on_line=on_line)
+    try:
+        return launcher.wait(handle, on_line=on_line)
+    except KeyboardInterrupt:  # launchers that do not handle Ctrl-C themselves: cancel through the backend
+        from launchers.base import JobResult
+        launcher.cancel(handle)
+        return JobResult("CANCELLED", 130, "cancelled by the user (Ctrl-C)")
 
 
 def is_secret(name: str) -> bool:

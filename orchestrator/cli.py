@@ -19,6 +19,7 @@ EPILOG = """examples:
   orchestrate submit recipes/configs/sft_tiny.yaml
   orchestrate submit recipe.yaml --nodes 2 --cluster cluster_configs/ssh_example.yaml trainer.learning_rate=1e-4
   orchestrate render recipe.yaml --nodes 2 --out /tmp/plan
+  orchestrate submit recipe.yaml --detach ; orchestrate attach JOB
   orchestrate ls | status JOB | logs JOB [-f] [--rank R|--node N] [--grep RE] | plot JOB | cancel JOB
 """
 
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_args(s)
     s.add_argument("--quiet", "-q", action="store_true", help="do not stream node output")
     s.add_argument("--dry-run", action="store_true", help="print the plan and stop (like render, without files)")
+    s.add_argument("--detach", "-d", action="store_true", help="validate, start a background supervisor that runs "
+                   "and monitors the job, print its id and return (then: orchestrate attach JOB)")
+    s.add_argument("--job-id", default=None, help=argparse.SUPPRESS)
 
     r = sub.add_parser("render", help="dry run: write the plan and every per-node file to a directory",
                        description="Dry run: writes DIR/plan.json, DIR/recipe.yaml and DIR/nodes/<rank>/"
@@ -61,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="one job per node and rank: host, step, loss, heartbeat age, exit code")
     st.add_argument("job", help="job id (a unique prefix is enough)")
     st.add_argument("--json", action="store_true")
+    at = sub.add_parser("attach", help="follow a running job (logs and progress) until it ends; Ctrl-C detaches")
+    at.add_argument("job")
+    at.add_argument("--quiet", "-q", action="store_true", help="progress only, no node output")
     lg = sub.add_parser("logs", help="a job's logs, merged and prefixed by node")
     lg.add_argument("job")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
@@ -79,7 +86,35 @@ def build_parser() -> argparse.ArgumentParser:
 def _prepare(args, run_dir: str | None = None):
     from orchestrator import api
     return api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
-                       profile=args.profile, overrides=args.overrides, run_dir=run_dir)
+                       profile=args.profile, overrides=args.overrides, run_dir=run_dir,
+                       job_id=getattr(args, "job_id", None))
+
+
+def _detach(args, argv: list[str], prepared) -> int:
+    """Re-run this very submit (same job id) as a supervisor in its own session; wait until it is recorded."""
+    import subprocess
+    import time
+    from orchestrator.store import JobStore, home
+    job = prepared.plan.job_id
+    logs = home() / "supervisors"
+    logs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    child = [a for a in argv if a not in ("--detach", "-d")] + ["--job-id", job, "--quiet"]
+    with open(logs / f"{job}.log", "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *child], stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        rec = JobStore().get(job)
+        if rec is not None and rec.state not in ("PENDING",):
+            print(f"job {job} {rec.state} (supervisor pid {proc.pid}); follow it with: orchestrate attach {job}")
+            return 0
+        if proc.poll() is not None:
+            tail = (logs / f"{job}.log").read_text(errors="replace").strip().splitlines()[-1:]
+            print(f"orchestrate: error: job {job} did not start: {' '.join(tail)}", file=sys.stderr)
+            return proc.returncode or 1
+        time.sleep(0.2)
+    print(f"job {job} submitted (supervisor pid {proc.pid}); orchestrate attach {job}")
+    return 0
 
 
 def cmd_render(args) -> int:
@@ -107,6 +142,8 @@ def cmd_submit(args) -> int:
     print(summary(prepared.plan), flush=True)
     if args.dry_run:
         return 0
+    if args.detach:
+        return _detach(args, sys.argv[1:] if args._argv is None else args._argv, prepared)
     from orchestrator.health import parse_forwarded
     from orchestrator.progress import Progress
     result_line: dict = {}
@@ -133,6 +170,7 @@ def cmd_submit(args) -> int:
             print(f"job {data['job_id']}: restart {data['restart']}/{data['max_restarts']} from the latest "
                   f"checkpoint (furthest step {data['step']}): {data['reason']}", flush=True)
 
+    _write_supervisor(prepared.plan.job_id)
     try:
         result = api.submit(prepared, on_line=on_line, on_event=on_event)
     finally:
@@ -162,18 +200,42 @@ def _record(job: str):
     return rec
 
 
+STATE_STYLE = {"COMPLETED": "green", "RUNNING": "yellow", "RESTARTING": "yellow", "PENDING": "cyan",
+               "FAILED": "bold red", "CANCELLED": "magenta", "TIMEOUT": "red", "NODE_FAIL": "red",
+               "OUT_OF_MEMORY": "red", "PREEMPTED": "yellow"}
+
+
+def _show(text: str) -> None:
+    """Plain text when piped (scripts, golden tests); on a terminal, rich with job states coloured."""
+    if not sys.stdout.isatty():
+        print(text)
+        return
+    import re
+    from rich.console import Console
+    from rich.markup import escape
+    out = escape(text)
+    out = re.sub(r"\b(" + "|".join(STATE_STYLE) + r")\b", lambda m: f"[{STATE_STYLE[m.group(1)]}]{m.group(1)}[/]", out)
+    Console(highlight=False, soft_wrap=True).print(out)
+
+
 def cmd_ls(args) -> int:
     from orchestrator.store import JobStore
     from orchestrator.views import jobs_text, last_step
     rows = [dict(r.to_dict(), step=last_step(r.run_dir)) for r in JobStore().list(args.limit)]
-    print(json.dumps(rows, indent=2, sort_keys=True) if args.json else jobs_text(rows))
+    if args.json:
+        print(json.dumps(rows, indent=2, sort_keys=True))
+    else:
+        _show(jobs_text(rows))
     return 0
 
 
 def cmd_status(args) -> int:
     from orchestrator.views import job_status, status_text
     st = job_status(_record(args.job).to_dict())
-    print(json.dumps(st, indent=2, sort_keys=True) if args.json else status_text(st))
+    if args.json:
+        print(json.dumps(st, indent=2, sort_keys=True))
+    else:
+        _show(status_text(st))
     return 0
 
 
@@ -198,46 +260,107 @@ def _log_filter(args, plan: dict):
     return keep
 
 
-def cmd_logs(args) -> int:
-    import re
-    import time
-    from pathlib import Path
-    from orchestrator.store import TERMINAL, JobStore
-    rec = _record(args.job)
-    run_dir = Path(rec.run_dir)
-    try:
-        plan = json.loads((run_dir / "plan.json").read_text())
-    except (OSError, ValueError):
-        plan = {}
-    hosts = {n["node_rank"]: n.get("host") or f"node{n['node_rank']}" for n in plan.get("node_plans", [])}
-    keep = _log_filter(args, plan)
-    offsets: dict[Path, int] = {}
-    pending: dict[Path, bytes] = {}
+class LogTail:
+    """New complete lines of RUN_DIR/logs/node<R>.log since the last call, filtered, prefixed [host nodeR]."""
 
-    def drain() -> None:
-        for path in sorted((run_dir / "logs").glob("node*.log")):
+    def __init__(self, run_dir, keep):
+        from pathlib import Path
+        self.run_dir = Path(run_dir)
+        self.keep = keep
+        try:
+            plan = json.loads((self.run_dir / "plan.json").read_text())
+        except (OSError, ValueError):
+            plan = {}
+        self.hosts = {n["node_rank"]: n.get("host") or f"node{n['node_rank']}" for n in plan.get("node_plans", [])}
+        self.offsets: dict = {}
+        self.pending: dict = {}
+
+    def drain(self) -> None:
+        import re
+        for path in sorted((self.run_dir / "logs").glob("node*.log")):
             m = re.fullmatch(r"node(\d+)\.log", path.name)
             if not m:
                 continue
             n = int(m.group(1))
             with open(path, "rb") as f:
-                f.seek(offsets.get(path, 0))
-                data = pending.get(path, b"") + f.read()
-                offsets[path] = f.tell()
+                f.seek(self.offsets.get(path, 0))
+                data = self.pending.get(path, b"") + f.read()
+                self.offsets[path] = f.tell()
             *lines, rest = re.split(rb"[\r\n]", data)
-            pending[path] = rest
+            self.pending[path] = rest
             for raw in lines:
                 line = raw.decode(errors="replace")
-                if line.strip() and keep(n, line):
-                    print(f"[{hosts.get(n, '?')} node{n}] {line}", flush=True)
-    drain()
+                if line.strip() and not line.startswith("ORCHESTRATE_HB ") and self.keep(n, line):
+                    print(f"[{self.hosts.get(n, '?')} node{n}] {line}", flush=True)
+
+
+def cmd_logs(args) -> int:
+    import time
+    from pathlib import Path
+    from orchestrator.store import TERMINAL, JobStore
+    rec = _record(args.job)
+    try:
+        plan = json.loads((Path(rec.run_dir) / "plan.json").read_text())
+    except (OSError, ValueError):
+        plan = {}
+    tail = LogTail(rec.run_dir, _log_filter(args, plan))
+    tail.drain()
     while args.follow:
         state = JobStore().get(rec.id).state
         time.sleep(0.5)
-        drain()
+        tail.drain()
         if state in TERMINAL:
             break
     return 0
+
+
+def _write_supervisor(job: str) -> None:
+    """Record this submit process as the job's supervisor (cancel signals it: it tears down and records)."""
+    from orchestrator.store import home
+    d = home() / "supervisors"
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (d / f"{job}.pid").write_text(str(os.getpid()))
+
+
+def _supervisor(job: str) -> int | None:
+    from orchestrator.proctools import alive
+    from orchestrator.store import home
+    try:
+        pid = int((home() / "supervisors" / f"{job}.pid").read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if pid != os.getpid() and alive(pid) else None
+
+
+def cmd_attach(args) -> int:
+    import time
+    from orchestrator.health import HeartbeatTail
+    from orchestrator.progress import Progress
+    from orchestrator.store import TERMINAL, JobStore
+    rec = _record(args.job)
+    print(f"attached to job {rec.id} ({rec.state}); Ctrl-C detaches, the job keeps running", flush=True)
+    from pathlib import Path
+    progress = Progress()
+    beats = HeartbeatTail(Path(rec.run_dir) / "heartbeats", {0})
+    tail = LogTail(rec.run_dir, lambda n, line: True)
+    try:
+        while True:
+            state = JobStore().get(rec.id).state
+            if not args.quiet:
+                tail.drain()
+            for b in beats.read():
+                progress.feed(b)
+            if state in TERMINAL:
+                break
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        progress.close()
+        print(f"detached from job {rec.id}; it keeps running (orchestrate attach {rec.id})")
+        return 0
+    progress.close()
+    rec = JobStore().get(rec.id)
+    print(f"job {rec.id} {rec.state}" + (f": {rec.root_cause}" if rec.root_cause else ""))
+    return 0 if rec.state == "COMPLETED" else (rec.exit_code or 1)
 
 
 def cmd_plot(args) -> int:
@@ -260,6 +383,16 @@ def cmd_cancel(args) -> int:
         print(f"job {rec.id} already {rec.state}")
         return 0
     run_dir = Path(rec.run_dir)
+    sup = _supervisor(rec.id)
+    if sup is not None:  # the submit process (attached or detached) tears down and records CANCELLED
+        import signal as _signal
+        import time
+        os.kill(sup, _signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and JobStore().get(rec.id).state not in TERMINAL:
+            time.sleep(0.2)
+        print(f"job {rec.id} {JobStore().get(rec.id).state}")
+        return 0
     if rec.backend == "local":
         from launchers.local import cancel_run_dir
         cancel_run_dir(run_dir)
@@ -277,12 +410,13 @@ def cmd_cancel(args) -> int:
 
 
 COMMANDS = {"submit": cmd_submit, "render": cmd_render, "ls": cmd_ls, "status": cmd_status, "logs": cmd_logs,
-            "plot": cmd_plot, "cancel": cmd_cancel}
+            "attach": cmd_attach, "plot": cmd_plot, "cancel": cmd_cancel}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    args._argv = list(argv) if argv is not None else None
     if extra:
         # overrides may come after options (`render r.yaml --out d a.b=1`): argparse leaves them over
         if getattr(args, "overrides", None) is None or any(e.startswith("-") for e in extra):

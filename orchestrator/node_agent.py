@@ -203,6 +203,40 @@ class Agent:
         self._hb_thread = threading.Thread(target=run, daemon=True)
         self._hb_thread.start()
 
+    def monitor(self) -> None:
+        """Health monitoring inside the allocation (SLURM: the submitting terminal may be gone). Every agent reads
+        the shared heartbeats; on a hang it notes which of ITS ranks are stopped, keeps their stacks, and stops
+        its launch with exit code 124; `srun --kill-on-bad-exit` then ends every node."""
+        from orchestrator.health import HealthMonitor, HeartbeatTail
+        from orchestrator.proctools import dump_stack, marked_ranks, state
+        health = self.plan.health
+        mon = HealthMonitor(health, self.plan.world_size, started=time.time())
+        tail = HeartbeatTail(self.run_dir / "heartbeats")
+        every = float(health.get("poll_interval", 1.0))
+
+        def run() -> None:
+            while self.proc is not None and self.proc.poll() is None and not self.stopping.is_set():
+                now = time.time()
+                for rec in tail.read():
+                    mon.feed(rec, now)
+                stalls = mon.stalls(now)
+                if stalls:
+                    mine = marked_ranks(self.token)
+                    stopped = {g: pid for g, pid in mine.items() if state(pid) == "T"}
+                    culprit = next((x for x in stalls if x.rank in stopped), stalls[0])
+                    text = culprit.describe() + (f" (process {stopped[culprit.rank]} is stopped)"
+                                                 if culprit.rank in stopped else "")
+                    if health.get("stack_dumps", True) and mine:
+                        d = self.run_dir / "stacks"
+                        d.mkdir(mode=0o700, exist_ok=True)
+                        for g, pid in sorted(mine.items()):
+                            (d / f"rank{g}.txt").write_text(dump_stack(pid))
+                    self.hang = text
+                    self.stop("hang: " + text)
+                    return
+                time.sleep(every)
+        threading.Thread(target=run, daemon=True).start()
+
     def wait(self) -> int:
         assert self.proc is not None
         while True:
@@ -220,9 +254,13 @@ class Agent:
         sig = -rc if rc < 0 else None
         code = 128 + sig if sig else rc
         preempted = code != 0 and self.ranks_preempted()
+        hang = getattr(self, "hang", "")
+        if hang:
+            code = 124
         write_json(self.node_dir / "exit.json", {"returncode": 0 if preempted else code, "signal": sig,
                                                  "time": time.time(), "stop_reason": self.stop_reason,
-                                                 "preempted": preempted, "launch_returncode": code})
+                                                 "preempted": preempted, "launch_returncode": code,
+                                                 "hang": hang or None})
         # A node whose ranks all saved a checkpoint on a preemption signal and stopped has done its job:
         # exit 0, so `srun --kill-on-bad-exit` does not kill other nodes still saving.
         return 0 if preempted else code
@@ -322,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grace", type=float, default=5.0, help="seconds between TERM and KILL")
     ap.add_argument("--kill", action="store_true", help="kill every process of this node's launch (recorded in "
                     "agent.json), wherever it is in the process tree, and exit")
+    ap.add_argument("--monitor", action=argparse.BooleanOptionalAction, default=None,
+                    help="watch the heartbeats in the run dir and stop this node on a hang (default: on for SLURM)")
     ap.add_argument("--diagnose", action="store_true", help="print each rank's pid and process state and keep "
                     "py-spy stacks in RUN_DIR/stacks/ (hang diagnosis), then exit")
     ap.add_argument("--forward-heartbeats", action="store_true",
@@ -352,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         agent.watch_parent(args.parent_pid)
     if args.forward_heartbeats:
         agent.forward_heartbeats()
+    if args.monitor or (args.monitor is None and plan.cluster_kind == "slurm"):
+        agent.monitor()
     return agent.wait()
 
 

@@ -65,3 +65,47 @@ def test_dpo_zero3_on_two_local_nodes(tmp_path):
     # ZeRO-3: each rank holds half of the parameters
     assert all(x["local_param_numel"] < x["full_param_numel"] for x in res["ranks"]), res["ranks"]
     assert res["first_loss"] != res["final_loss"]
+
+
+@pytest.mark.slow
+def test_detach_attach_and_cancel(tmp_path):
+    """submit --detach returns with a job id while a supervisor runs the job; attach follows it and Ctrl-C only
+    detaches; cancel from another process stops every process and records CANCELLED."""
+    import signal
+    import time
+    from orchestrator.proctools import marked
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    cli = [sys.executable, "-m", "orchestrator.cli"]
+    r = subprocess.run([*cli, "submit", "recipes/configs/sft_tiny.yaml", "--nodes", "2", "--detach",
+                        "trainer.max_steps=100000", f"trainer.output_dir={tmp_path / 'out'}"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job = re.search(r"^job (\S+) RUNNING \(supervisor pid \d+\); follow it with: orchestrate attach \1$", r.stdout,
+                    re.MULTILINE)
+    assert job, r.stdout
+    job = job.group(1)
+    att = subprocess.Popen([*cli, "attach", job], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    deadline = time.monotonic() + 120
+    lines = []
+    while time.monotonic() < deadline:
+        line = att.stdout.readline()
+        lines.append(line)
+        if line.startswith("progress: step"):
+            break
+    assert any(x.startswith("progress: step") for x in lines), "".join(lines)
+    att.send_signal(signal.SIGINT)
+    out = att.communicate(timeout=30)[0]
+    assert f"detached from job {job}; it keeps running" in out and att.returncode == 0
+    st = subprocess.run([*cli, "status", job, "--json"], cwd=REPO, env=env, capture_output=True, text=True)
+    status = json.loads(st.stdout)
+    assert status["state"] == "RUNNING" and status["ranks"], status
+    tokens = [json.loads((Path(status["run_dir"]) / "nodes" / str(n) / "agent.json").read_text())["token"]
+              for n in (0, 1)]
+    assert all(marked(t) for t in tokens)
+    c = subprocess.run([*cli, "cancel", job], cwd=REPO, env=env, capture_output=True, text=True, timeout=90)
+    assert c.returncode == 0 and f"job {job} CANCELLED" in c.stdout, c.stdout + c.stderr
+    deadline = time.monotonic() + 15
+    while any(marked(t) for t in tokens) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(marked(t) for t in tokens)

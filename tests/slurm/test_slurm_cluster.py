@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -240,6 +241,30 @@ def test_sft_rank_killed_fails_within_seconds(slurm_cluster):
     assert res.state == "FAILED", res
     assert took < 10, took
     assert "node 1 (node2)" in res.root_cause, res.root_cause
+    assert wait_clean(10) == {}, node_namespace_leftovers()
+
+
+def test_sft_hung_rank_detected_inside_the_allocation(slurm_cluster):
+    """A SIGSTOPped rank: no task fails, but the node agents watch the shared heartbeats inside the allocation
+    (no submitting terminal needed), name the stopped rank, keep stacks and end the job."""
+    from orchestrator import api
+    prep = _prepare_sft("hang", "trainer.max_steps=100000", "health.stall_timeout=4", "health.poll_interval=0.5")
+    run_dir = Path(prep.plan.run_dir)
+    api.write_files(prep.files, run_dir)
+    L = SlurmLauncher(prep.cluster)
+    h = L.submit(L.prepare(prep.plan))
+    wait_until(lambda: heartbeat_step(run_dir) >= 5, 180, "training to reach step 5")
+    pid = wait_until(lambda: _rank_pid("osl-node2"), 10, "the rank process on node2")
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    res = L.wait(h, timeout=90)
+    took = time.monotonic() - t0
+    print(f"SLURM: SIGSTOP of rank 1 -> job {res.state} after {took:.1f}s: {res.root_cause[:240]}")
+    assert res.state == "FAILED", res
+    assert "hang detected inside the allocation" in res.root_cause, res.root_cause
+    assert f"rank 1 on node2 hung" in res.root_cause and f"(process {pid} is stopped)" in res.root_cause
+    assert (run_dir / "stacks" / "rank1.txt").read_text().strip()
+    assert took < 4 + 20, took
     assert wait_clean(10) == {}, node_namespace_leftovers()
 
 
