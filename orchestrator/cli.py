@@ -229,9 +229,39 @@ def cmd_ls(args) -> int:
     return 0
 
 
+def _refresh_from_scheduler(rec):
+    """A scheduler-run job (SLURM) lives on without its submitting terminal: ask the scheduler, record a final
+    state the store has not seen, and return (record, scheduler state text or None)."""
+    from orchestrator.store import TERMINAL, JobStore
+    if rec.backend != "slurm" or rec.state in TERMINAL or _supervisor(rec.id) is not None:
+        return rec, None
+    from pathlib import Path
+    from launchers.base import JobHandle
+    from orchestrator import api
+    from orchestrator.spec import cluster_from_dict
+    run_dir = Path(rec.run_dir)
+    try:
+        cluster = cluster_from_dict(json.loads((run_dir / "cluster.json").read_text()))
+        h = json.loads((run_dir / "handle.json").read_text())
+        launcher = api.make_launcher(cluster, run_dir)
+        handle = JobHandle(h["uri"], dict(h.get("data") or {}, run_dir=str(run_dir)))
+        q = launcher.query(handle)
+    except Exception as e:  # noqa: BLE001 - status must still show what the store knows
+        return rec, f"unknown ({type(e).__name__}: {str(e)[:120]})"
+    if q["terminal"]:
+        res = launcher.result(handle, q)
+        JobStore().update(rec.id, res.state, detail=res.root_cause or None, exit_code=res.returncode,
+                          root_cause=res.root_cause or None)
+        rec = JobStore().get(rec.id)
+    return rec, f"{q['state']} (SLURM {q['slurm_state']}{', ' + q['reason'] if q.get('reason') else ''})"
+
+
 def cmd_status(args) -> int:
     from orchestrator.views import job_status, status_text
-    st = job_status(_record(args.job).to_dict())
+    rec, sched = _refresh_from_scheduler(_record(args.job))
+    st = job_status(rec.to_dict())
+    if sched:
+        st["scheduler"] = sched
     if args.json:
         print(json.dumps(st, indent=2, sort_keys=True))
     else:

@@ -253,8 +253,9 @@ class Agent:
             hb.join(timeout=2)
         sig = -rc if rc < 0 else None
         code = 128 + sig if sig else rc
-        preempted = code != 0 and self.ranks_preempted()
         hang = getattr(self, "hang", "")
+        # Our own stop after a hang makes the ranks save as if preempted: that is still a failed (hung) run.
+        preempted = code != 0 and not hang and self.ranks_preempted()
         if hang:
             code = 124
         write_json(self.node_dir / "exit.json", {"returncode": 0 if preempted else code, "signal": sig,

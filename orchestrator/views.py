@@ -79,6 +79,8 @@ def status_text(st: dict[str, Any]) -> str:
                                                                      if st["exit_code"] is not None else ""),
              f"backend  {st['backend']}  {st['handle'] or ''}".rstrip(), f"cluster  {st['cluster']}",
              f"restarts {st['restarts']}", f"run dir  {st['run_dir']}"]
+    if st.get("scheduler"):
+        lines.append(f"sched    {st['scheduler']}")
     if st["root_cause"]:
         lines.append(f"cause    {st['root_cause']}")
     lines.append("")

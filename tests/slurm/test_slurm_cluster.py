@@ -287,3 +287,38 @@ def test_sft_scontrol_requeue_checkpoints_and_resumes(slurm_cluster):
     assert m and int(m.group(1)) >= 20
     assert r["global_step"] == 300
     assert L.query(h)["restarts"] >= 1
+
+
+def test_cli_job_outlives_its_submitting_terminal(slurm_cluster, tmp_path):
+    """`orchestrate submit` to SLURM, then the submitting process is SIGKILLed (terminal gone): the job runs on
+    in the allocation; `orchestrate status` asks SLURM and records the final state."""
+    import json as _json
+    env = dict(os.environ, ORCHESTRATE_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1")
+    work = os.environ.get("ORCHESTRATE_SLURM_WORK", "/tmp/orchestrate-slurm-work")
+    cli = [sys.executable, "-m", "orchestrator.cli"]
+    proc = subprocess.Popen([*cli, "submit", "recipes/configs/sft_tiny.yaml", "--nodes", "2", "--cluster",
+                             str(REPO / "cluster_configs" / "slurm_local.yaml"), f"cluster.slurm.python={sys.executable}",
+                             f"cluster.slurm.workdir={work}", "trainer.max_steps=40",
+                             f"trainer.output_dir={tmp_path / 'out'}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    job = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and job is None:
+        m = re.match(r"job (\S+): run dir", proc.stdout.readline())
+        job = m.group(1) if m else None
+    assert job, "no job id printed"
+
+    def status():
+        r = subprocess.run([*cli, "status", job, "--json"], cwd=REPO, env=env, capture_output=True, text=True)
+        return _json.loads(r.stdout)
+    wait_until(lambda: status()["state"] == "RUNNING", 60, "job recorded RUNNING")
+    proc.kill()
+    proc.wait()
+    st = wait_until(lambda: (lambda s: s if s.get("scheduler", "").startswith("RUNNING") else None)(status()), 60,
+                    "SLURM reporting the job running without its terminal")
+    assert st["state"] == "RUNNING"
+    final = wait_until(lambda: (lambda s: s if s["state"] in ("COMPLETED", "FAILED") else None)(status()), 300,
+                       "the job to end")
+    assert final["state"] == "COMPLETED", final
+    assert wait_clean(10) == {}, node_namespace_leftovers()
