@@ -162,6 +162,7 @@ def test_killed_submitter_leaves_no_orphans(tmp_path):
     print(f"submitter SIGKILLed -> job gone in {gone:.2f}s")
 
 
+@pytest.mark.health
 def test_sigstopped_rank_is_detected_as_hang_and_torn_down(tmp_path):
     prep, out = probe_prepared(tmp_path, 2, 1, "loop", stall=3)
     from launchers.local import LocalLauncher
@@ -190,6 +191,7 @@ def test_sigstopped_rank_is_detected_as_hang_and_torn_down(tmp_path):
     assert detected < 3 + 5
 
 
+@pytest.mark.health
 def test_restart_resumes_and_finishes(tmp_path):
     prep, out = probe_prepared(tmp_path, 2, 1, "fail_until:2", restarts=1)
     result = api.submit(prep)
@@ -203,6 +205,7 @@ def test_restart_resumes_and_finishes(tmp_path):
     assert events.count("RESTARTING") == 1 and events[-1] == "COMPLETED"
 
 
+@pytest.mark.health
 def test_crash_loop_stops(tmp_path):
     prep, out = probe_prepared(tmp_path, 2, 1, "fail_until:100", restarts=5)
     result = api.submit(prep)

@@ -68,6 +68,7 @@ def test_dpo_zero3_on_two_local_nodes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.health
 def test_detach_attach_and_cancel(tmp_path):
     """submit --detach returns with a job id while a supervisor runs the job; attach follows it and Ctrl-C only
     detaches; cancel from another process stops every process and records CANCELLED."""

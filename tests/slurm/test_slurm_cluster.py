@@ -244,6 +244,7 @@ def test_sft_rank_killed_fails_within_seconds(slurm_cluster):
     assert wait_clean(10) == {}, node_namespace_leftovers()
 
 
+@pytest.mark.health
 def test_sft_hung_rank_detected_inside_the_allocation(slurm_cluster):
     """A SIGSTOPped rank: no task fails, but the node agents watch the shared heartbeats inside the allocation
     (no submitting terminal needed), name the stopped rank, keep stacks and end the job."""
@@ -289,6 +290,7 @@ def test_sft_scontrol_requeue_checkpoints_and_resumes(slurm_cluster):
     assert L.query(h)["restarts"] >= 1
 
 
+@pytest.mark.health
 def test_cli_job_outlives_its_submitting_terminal(slurm_cluster, tmp_path):
     """`orchestrate submit` to SLURM, then the submitting process is SIGKILLed (terminal gone): the job runs on
     in the allocation; `orchestrate status` asks SLURM and records the final state."""

@@ -124,6 +124,7 @@ def test_sigkill_rank_mid_training_fails_fast_with_root_cause(testbed, sft, reco
     assert gone < 6
 
 
+@pytest.mark.health
 def test_sigstop_rank_mid_training_is_detected_as_hang(testbed, sft, record_property):
     """A stopped rank blocks its peer in a collective: no node fails. The health monitor on the submit host
     sees the heartbeats (forwarded over SSH) stop and tears the job down within stall_timeout + a few s."""

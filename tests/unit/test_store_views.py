@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -30,6 +32,7 @@ print("ok", i)
 """
 
 
+@pytest.mark.health
 def test_twenty_concurrent_processes_lose_nothing(tmp_path):
     env = dict(os.environ, ORCHESTRATE_HOME=str(tmp_path))
     code = WORKER.format(repo=str(REPO))
@@ -74,6 +77,7 @@ def _status_fixture(tmp_path: Path) -> dict:
             "run_dir": str(run), "created": 900.0, "updated": 1010.0}
 
 
+@pytest.mark.health
 def test_status_text_golden(tmp_path):
     from orchestrator.views import job_status
     st = job_status(_status_fixture(tmp_path), now=1010.0)
@@ -96,6 +100,7 @@ RANK  HOST                       STEP     LOSS   BEAT  LOSS CURVE
     assert st["ranks"][1]["heartbeat_age_s"] == 7.0
 
 
+@pytest.mark.health
 def test_jobs_text_golden():
     rows = [{"id": "sft_tiny-20261122-0400-ab12", "state": "RUNNING", "backend": "local", "nodes": 2, "step": 12,
              "created": 1000.0},
@@ -108,6 +113,7 @@ def test_jobs_text_golden():
     assert jobs_text([]) == "no jobs yet"
 
 
+@pytest.mark.health
 def test_plot_png(tmp_path):
     from orchestrator.plot import plot_job
     rec = _status_fixture(tmp_path)
