@@ -303,6 +303,9 @@ class SlurmLauncher:
             stops = [h for h in _history(run_dir) if h.get("decision") == "stop"]
             if stops:
                 cause += f" ({stops[-1].get('reason')})"
+        elif _hangs(run_dir, nodes):
+            r, text = _hangs(run_dir, nodes)[0]
+            cause = f"{head}: hang detected inside the allocation by node {r}: {text}; stacks in {run_dir}/stacks/"
         elif failed:
             from launchers.supervise import root_cause_text
             cause = f"{head}: {root_cause_text(failed[0])}"
@@ -318,6 +321,19 @@ def _agent_host(run_dir: Path, rank: int) -> str:
         return json.loads((run_dir / "nodes" / str(rank) / "agent.json").read_text()).get("host") or "?"
     except (OSError, ValueError):
         return "?"
+
+
+def _hangs(run_dir: Path, nodes) -> list[tuple[int, str]]:
+    """(node, text) of every node agent that stopped its node on a hang; one that saw its rank stopped first."""
+    out = []
+    for n in nodes:
+        try:
+            text = json.loads((run_dir / "nodes" / str(n.node_rank) / "exit.json").read_text()).get("hang")
+        except (OSError, ValueError):
+            continue
+        if text:
+            out.append((n.node_rank, text))
+    return sorted(out, key=lambda x: ("is stopped" not in x[1], x[0]))
 
 
 def _exit_time(run_dir: Path, rank: int) -> float:
