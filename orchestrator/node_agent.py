@@ -208,7 +208,7 @@ class Agent:
         the shared heartbeats; on a hang it notes which of ITS ranks are stopped, keeps their stacks, and stops
         its launch with exit code 124; `srun --kill-on-bad-exit` then ends every node."""
         from orchestrator.health import HealthMonitor, HeartbeatTail
-        from orchestrator.proctools import dump_stack, marked_ranks, state
+        from orchestrator.proctools import marked_ranks, state
         health = self.plan.health
         mon = HealthMonitor(health, self.plan.world_size, started=time.time())
         tail = HeartbeatTail(self.run_dir / "heartbeats")
@@ -227,10 +227,7 @@ class Agent:
                     text = culprit.describe() + (f" (process {stopped[culprit.rank]} is stopped)"
                                                  if culprit.rank in stopped else "")
                     if health.get("stack_dumps", True) and mine:
-                        d = self.run_dir / "stacks"
-                        d.mkdir(mode=0o700, exist_ok=True)
-                        for g, pid in sorted(mine.items()):
-                            (d / f"rank{g}.txt").write_text(dump_stack(pid))
+                        keep_stacks(self.run_dir, mine)
                     self.hang = text
                     self.stop("hang: " + text)
                     return
@@ -306,19 +303,34 @@ def read_secrets_line() -> dict[str, str]:
     return data
 
 
-def kill_node(run_dir: Path, rank: int | None, grace: float) -> int:
-    """Tear down what a node agent started, from the outside (the agent itself may be dead)."""
-    ranks = [rank] if rank is not None else sorted(int(p.name) for p in (run_dir / "nodes").iterdir()
-                                                   if p.name.isdigit())
+def recorded_agents(run_dir: Path, rank: int | None):
+    """(node rank, agent.json) of one node or of every node that recorded an agent in this run dir."""
+    nodes = run_dir / "nodes"
+    ranks = [rank] if rank is not None else sorted(int(p.name) for p in nodes.iterdir() if p.name.isdigit()) \
+        if nodes.is_dir() else []
     for r in ranks:
         try:
-            info = json.loads((run_dir / "nodes" / str(r) / "agent.json").read_text())
+            yield r, json.loads((nodes / str(r) / "agent.json").read_text())
         except (OSError, ValueError):
             continue
-        for key in ("agent_pid",):
-            pid = info.get(key)
-            if isinstance(pid, int) and alive(pid):
-                signal_pids([pid], signal.SIGTERM)
+
+
+def keep_stacks(run_dir: Path, pids: dict[int, int]) -> Path:
+    """py-spy stacks of the given ranks (global rank -> pid) into RUN_DIR/stacks/rank<G>.txt."""
+    from orchestrator.proctools import dump_stack
+    d = run_dir / "stacks"
+    d.mkdir(mode=0o700, exist_ok=True)
+    for g, pid in sorted(pids.items()):
+        (d / f"rank{g}.txt").write_text(dump_stack(pid))
+    return d
+
+
+def kill_node(run_dir: Path, rank: int | None, grace: float) -> int:
+    """Tear down what a node agent started, from the outside (the agent itself may be dead)."""
+    for _, info in recorded_agents(run_dir, rank):
+        pid = info.get("agent_pid")
+        if isinstance(pid, int) and alive(pid):
+            signal_pids([pid], signal.SIGTERM)
         if info.get("token"):
             kill_marked(info["token"], grace=grace)
         for key in ("pgid", "agent_pgid"):
@@ -330,22 +342,12 @@ def kill_node(run_dir: Path, rank: int | None, grace: float) -> int:
 def diagnose_node(run_dir: Path, rank: int | None, stacks: bool = True) -> int:
     """Print one JSON line per node: each rank's pid and /proc state (T = stopped), and keep py-spy stacks in
     RUN_DIR/stacks/. Run on the node (over SSH) when the monitor sees a hang, before the teardown."""
-    from orchestrator.proctools import dump_stack, marked_ranks, state
-    ranks = [rank] if rank is not None else sorted(int(p.name) for p in (run_dir / "nodes").iterdir()
-                                                   if p.name.isdigit())
-    for r in ranks:
-        try:
-            info = json.loads((run_dir / "nodes" / str(r) / "agent.json").read_text())
-        except (OSError, ValueError):
-            continue
+    from orchestrator.proctools import marked_ranks, state
+    for r, info in recorded_agents(run_dir, rank):
         pids = marked_ranks(str(info.get("token")))
         out = {"node_rank": r, "ranks": {str(g): {"pid": pid, "state": state(pid)} for g, pid in sorted(pids.items())}}
         if stacks and pids:
-            d = run_dir / "stacks"
-            d.mkdir(mode=0o700, exist_ok=True)
-            for g, pid in sorted(pids.items()):
-                (d / f"rank{g}.txt").write_text(dump_stack(pid))
-            out["stacks"] = str(d)
+            out["stacks"] = str(keep_stacks(run_dir, pids))
         print(json.dumps(out, sort_keys=True), flush=True)
     return 0
 

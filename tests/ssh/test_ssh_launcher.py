@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, agent_info, live_members, remote_run_dir, wait_gone
+from ssh_helpers import REPO, agent_info, live_members, remote_run_dir, wait_gone
 from orchestrator.errors import ConfigError, PreflightError
 
 SLEEP = ("sleep", "60")
