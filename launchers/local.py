@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from launchers.base import JobHandle, JobResult, NodeCommand, NodeExit, Submission
-from launchers.supervise import describe_hang, root_cause_text, split_lines
+from launchers.supervise import describe_hang, pick_failed, root_cause_text, split_lines
 from orchestrator.health import HealthMonitor, HeartbeatTail
 from orchestrator.jobplan import LaunchPlan
 from orchestrator.proctools import alive, group_members, marked, signal_group, signal_pids
@@ -86,6 +86,7 @@ class LocalLauncher:
         hb_every = float(plan.health.get("poll_interval", 1.0))
         next_hb = 0.0
         failed_rank: int | None = None
+        torn_down_at = float("inf")
         hang: str | None = None
         cancelled = False
         try:
@@ -94,7 +95,8 @@ class LocalLauncher:
                 bad = [r for r, c in codes.items() if c not in (None, 0)]
                 if bad and failed_rank is None and hang is None:
                     failed_rank = bad[0]
-                    self._teardown(run_dir, exclude={failed_rank})
+                    torn_down_at = time.time()
+                    self._teardown(run_dir, exclude=set(bad))
                 if all(c is not None for c in codes.values()):
                     break
                 now = time.time()
@@ -126,7 +128,11 @@ class LocalLauncher:
             return JobResult("FAILED", 1, hang, nodes, max_step, hung=True)
         if failed_rank is None:
             return JobResult("COMPLETED", 0, "", nodes, max_step)
-        node = nodes[failed_rank]
+        # The root cause: among nodes that failed on their own (before our teardown), the first, unless its
+        # log only shows a dead peer (gloo's "Connection reset by peer") and another node's does not.
+        times = {n.node_rank: _exit_time(run_dir, n.node_rank) for n in nodes}
+        own = [n for n in nodes if n.returncode not in (None, 0) and times[n.node_rank] <= torn_down_at + 0.2]
+        node = pick_failed(own or [nodes[failed_rank]], times)
         return JobResult("FAILED", node.returncode or 1, root_cause_text(node), nodes, max_step)
 
     def _teardown(self, run_dir: Path, exclude: set[int] = frozenset()) -> None:
@@ -176,6 +182,13 @@ def _tail(path: Path, n: int = 60) -> str:
     except OSError:
         return ""
     return "\n".join(data.replace("\r", "\n").splitlines()[-n:])
+
+
+def _exit_time(run_dir: Path, rank: int) -> float:
+    try:
+        return float(json.loads((run_dir / "nodes" / str(rank) / "exit.json").read_text())["time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 def _agent_info(run_dir: Path, rank: int) -> dict:

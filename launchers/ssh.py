@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 from orchestrator.health import HealthMonitor, parse_forwarded
 from launchers.base import JobHandle, JobResult, NodeCommand, NodeExit, Submission
-from launchers.supervise import root_cause_text
+from launchers.supervise import PEER_HINTS, root_cause_text
 from orchestrator.errors import LaunchError, PreflightError, Problem
 from orchestrator.jobplan import LaunchPlan
 
@@ -40,9 +40,6 @@ SECRET_SUFFIXES = ("_TOKEN", "_KEY", "_SECRET", "PASSWORD")
 GRACE_S = 2.0  # cancel / Ctrl-C: TERM, then KILL after this (ranks may checkpoint on TERM)
 FAILFAST_GRACE_S = 1.0  # a node failed: the others cannot finish a collective anyway
 TAIL_LINES = 20
-# Log lines that say a rank died because a PEER went away (not the root cause of a failure).
-PEER_HINTS = ("Connection reset by peer", "Connection closed by peer", "connectFullMesh", "Broken pipe",
-              "Socket closed", "ProcessGroupGloo", "recvBytes", "sendBytes")
 
 
 def is_secret_name(name: str) -> bool:

@@ -14,6 +14,25 @@ _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
 _EXC = re.compile(r"^(?:\[rank(\d+)\]:\s*)?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)"
                   r"(?::.*)?)$", re.MULTILINE)
 _LAUNCHER_NOISE = ("ChildFailedError", "SignalException")
+# Log lines that say a rank died because a PEER went away (a victim, not the root cause of a failure).
+PEER_HINTS = ("Connection reset by peer", "Connection closed by peer", "connectFullMesh", "Broken pipe",
+              "Socket closed", "ProcessGroupGloo", "recvBytes", "sendBytes")
+
+
+def peer_victim(tail: str) -> bool:
+    return any(h in tail for h in PEER_HINTS)
+
+
+def pick_failed(candidates: list[NodeExit], exit_times: dict[int, float]) -> NodeExit:
+    """Among nodes that failed before the teardown: the earliest (by the agents' exit times), unless its log
+    only shows a dead peer and another candidate's does not."""
+    ordered = sorted(candidates, key=lambda n: (exit_times.get(n.node_rank, float("inf")), n.node_rank))
+    first = ordered[0]
+    if peer_victim(first.log_tail):
+        for other in ordered[1:]:
+            if not peer_victim(other.log_tail):
+                return other
+    return first
 
 
 def last_exception(text: str) -> tuple[int | None, str] | None:
