@@ -23,12 +23,13 @@ if [ ! -f "$stamp" ]; then
     rm -f $VENV/.setup-*
     touch "$stamp"
 fi
-# DeepSpeed compiles its CPU communication extension on first use (~47 s); do it once here.
-if ! ls ~/.cache/torch_extensions/*/deepspeed_shm_comm/*.so >/dev/null 2>&1; then
-    echo "setup: warming DeepSpeed's CPU extension (~1 min, once)"
-    $VENV/bin/python -c "from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder; ShareMemCommBuilder().load()" \
-        >/dev/null 2>&1 || echo "setup: warning: DeepSpeed CPU extension did not build (DeepSpeed tests will build it)"
-fi
+# DeepSpeed compiles its CPU communication extension on first use (~47 s); do it once here, for this venv
+# (the build is keyed to the venv's paths: a .so built for another venv is rebuilt). A build that was killed
+# leaves torch's lock file behind and every later run would wait on it forever: clear locks older than 10 min.
+find ~/.cache/torch_extensions -name lock -mmin +10 -delete 2>/dev/null || true
+echo "setup: DeepSpeed CPU extension (builds once, ~1 min; then a no-op)"
+timeout 900 $VENV/bin/python -c "from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder; ShareMemCommBuilder().load()" \
+    >/dev/null 2>&1 || echo "setup: warning: DeepSpeed CPU extension did not build (DeepSpeed tests will build it)"
 if [ "${1:-}" != "--no-testbeds" ] && [ "$(id -u)" = 0 ]; then
     for s in scripts/install_ssh_deps.sh scripts/install_slurm_deps.sh; do
         [ -x "$s" ] && bash "$s"
