@@ -54,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         print(RESULT_PREFIX + json.dumps(result, default=str), flush=True)
     shutdown_distributed()
     sig = result.get("preempted_signal")
-    return 128 + int(sig) if sig else 0
+    if sig:
+        # Preempted: the checkpoint is saved and the group is down. Leave without interpreter finalization, which
+        # restores default signal handlers: the launcher's own TERM arriving then would end us with -15, not 143.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + int(sig))
+    return 0
 
 
 def shutdown_distributed() -> None:
