@@ -45,7 +45,9 @@ def started(run_dir: Path, out: Path) -> None:
 
 
 def one(tmp: Path, i: int, sig: int, stall: float) -> dict:
-    prep, out = probe_prepared(tmp / f"{sig}-{i}", 2, 1, "loop", stall=stall)
+    d = tmp / f"{int(sig)}-{i}"
+    d.mkdir(parents=True)
+    prep, out = probe_prepared(d, 2, 1, "loop", stall=stall)
     launcher = LocalLauncher(grace=2)
     run_dir = Path(prep.plan.run_dir)
     api.write_files(prep.files, run_dir)
