@@ -64,9 +64,6 @@ class JobResult:
     restarts: int = 0
 
 
-EventSink = Callable[[str, dict[str, Any]], None]
-
-
 class Launcher(Protocol):
     kind: str
 

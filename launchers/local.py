@@ -22,7 +22,7 @@ from launchers.base import JobHandle, JobResult, NodeCommand, NodeExit, Submissi
 from launchers.supervise import describe_hang, pick_failed, root_cause_text, split_lines
 from orchestrator.health import HealthMonitor, HeartbeatTail
 from orchestrator.jobplan import LaunchPlan
-from orchestrator.proctools import alive, group_members, marked, signal_group, signal_pids
+from orchestrator.proctools import alive, marked, signal_group, signal_pids
 
 
 class LocalLauncher:
@@ -204,29 +204,9 @@ def _recorded_groups(run_dir: Path, rank: int) -> list[int]:
 
 
 def cancel_run_dir(run_dir: Path, grace: float = 5.0) -> None:
-    """Cancel a local job from any process: TERM each agent, then KILL the recorded groups."""
-    ranks = [int(p.name) for p in (run_dir / "nodes").iterdir() if p.name.isdigit()] if (run_dir / "nodes").exists() \
-        else []
-    for r in ranks:
-        pid = _agent_info(run_dir, r).get("agent_pid")
-        if isinstance(pid, int) and alive(pid):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    tokens = [t for t in (_agent_info(run_dir, r).get("token") for r in ranks) if t]
-
-    def left() -> bool:
-        return any(group_members(g) for r in ranks for g in _recorded_groups(run_dir, r)) or \
-            any(marked(t) for t in tokens)
-    deadline = time.monotonic() + grace + 1.0
-    while time.monotonic() < deadline and left():
-        time.sleep(0.05)
-    for r in ranks:
-        for g in _recorded_groups(run_dir, r):
-            signal_group(g, signal.SIGKILL)
-    for t in tokens:
-        signal_pids(marked(t), signal.SIGKILL)
+    """Cancel a local job from any process: what `node_agent --kill` does, for every node of the run dir."""
+    from orchestrator.node_agent import kill_node
+    kill_node(run_dir, None, grace)
 
 
 def run_dir_state(run_dir: Path) -> str:

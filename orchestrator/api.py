@@ -23,7 +23,7 @@ from orchestrator.errors import ConfigError, Problem
 from orchestrator.jobplan import LaunchPlan
 from orchestrator.plan import PlanFacts, make_plan
 from orchestrator.render import render_files
-from orchestrator.schema import PROFILES, is_secret_name
+from orchestrator.schema import PROFILES
 from orchestrator.spec import ClusterSpec, RecipeSpec, load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -243,12 +243,6 @@ def write_files(files: dict[str, str], out_dir: Path) -> list[Path]:
     return written
 
 
-def secret_values(plan: LaunchPlan, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The secrets a job passes on: names from launch.secret_env, values from the submit environment."""
-    environ = dict(os.environ if environ is None else environ)
-    return {name: environ[name] for name in plan.secret_env if name in environ}
-
-
 def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = None,
            on_event: Callable[[str, dict], None] | None = None):
     """Write the run dir, record the job, launch it and supervise it to the end. Returns JobResult."""
@@ -324,6 +318,3 @@ def _run_once(prepared: Prepared, store, run_dir: Path, attempt: int, on_line, o
         launcher.cancel(handle)
         return JobResult("CANCELLED", 130, "cancelled by the user (Ctrl-C)")
 
-
-def is_secret(name: str) -> bool:
-    return is_secret_name(name)

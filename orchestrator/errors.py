@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class OrchestratorError(Exception):
@@ -69,13 +69,3 @@ class LaunchError(OrchestratorError):
 
 class PreflightError(ConfigError):
     """A host or cluster is not usable (unreachable, bad key, no python...). Exit 2, nothing started."""
-
-
-class JobFailed(OrchestratorError):
-    """The job ran and failed; the message names the root cause."""
-
-    exit_code = 1
-
-
-class JobCancelled(OrchestratorError):
-    exit_code = 130

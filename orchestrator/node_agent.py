@@ -143,7 +143,6 @@ class Agent:
                 self.stop_reason = f"signal {signal.Signals(signum).name} before start"
                 self.stopping.set()
             return
-        pgid = self.proc.pid
         if signum == signal.SIGUSR2:
             signal_pids([p for p in marked(self.token) if p != self.proc.pid], signum)
             return

@@ -11,7 +11,7 @@ import copy
 import dataclasses
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import ConfigError, Problem

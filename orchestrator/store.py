@@ -7,7 +7,6 @@ one short transaction with a busy timeout. Never holds secrets (plans and recipe
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -130,7 +129,3 @@ class JobStore:
 def digest(text: str) -> str:
     import hashlib
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def dumps(rec: JobRecord) -> str:
-    return json.dumps(rec.to_dict(), sort_keys=True)
