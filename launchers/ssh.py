@@ -537,14 +537,7 @@ class SSHLauncher:
             job.pool.map(one, [n.host for n in job.nodes])
         except Exception:  # noqa: BLE001 - diagnosis is best effort; the teardown must happen regardless
             pass
-        culprit = next((s for s in stalls if s.rank in stopped), stalls[0])
-        text = culprit.describe()
-        if culprit.rank in stopped:
-            text += f" (process {stopped[culprit.rank]} is stopped)"
-        others = [str(s.rank) for s in stalls if s.rank != culprit.rank]
-        if others:
-            text += f"; ranks {', '.join(others)} also silent"
-        return text + "; stacks in RUN_DIR/stacks/ on each host"
+        return job.monitor.culprit(stalls, stopped, time.time()) + "; stacks in RUN_DIR/stacks/ on each host"
 
     def _teardown(self, job: _Job, reason: str, grace: float | None = None) -> None:
         """TERM every node's process groups, KILL after the grace; close stdins (agents see EOF)."""

@@ -97,6 +97,25 @@ class HealthMonitor:
                 out.append(Stall(rank, st.host if st else "", st.step if st else 0, silent, limit, phase))
         return sorted(out, key=lambda s: (-s.silent_s, s.rank))
 
+    def silence(self, rank: int, now: float) -> Stall:
+        """How long `rank` has been silent, whether or not that crossed its limit yet."""
+        st = self.ranks.get(rank) or RankState(rank, received=self.started)
+        limit, phase = ((self.startup_timeout, "startup") if not st.stepped else
+                        (self.save_timeout, "checkpoint save") if st.event == "save_start" else
+                        (self.stall_timeout, "training"))
+        return Stall(rank, st.host, st.step, now - st.received, limit, phase)
+
+    def culprit(self, stalls: list[Stall], stopped: dict[int, int], now: float) -> str:
+        """Root-cause text of a hang: a rank found stopped wins (even if its own silence is still under the limit,
+        as when its last heartbeats arrived a moment after its peers'), else the longest-silent rank."""
+        first = next((x for x in stalls if x.rank in stopped), None)
+        if first is None and stopped:
+            first = self.silence(min(stopped), now)
+        first = first or stalls[0]
+        text = first.describe() + (f" (process {stopped[first.rank]} is stopped)" if first.rank in stopped else "")
+        others = [str(x.rank) for x in stalls if x.rank != first.rank]
+        return text + (f"; ranks {', '.join(others)} also silent" if others else "")
+
     def progress(self) -> int:
         """The step every rank has reached (the slowest rank's step)."""
         if not self.ranks:

@@ -120,3 +120,16 @@ def test_plot_png(tmp_path):
     png = plot_job(rec["run_dir"], str(tmp_path / "p.png"), "sft-1")
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+@pytest.mark.health
+def test_hang_culprit_prefers_a_stopped_rank_even_under_its_limit():
+    from orchestrator.health import HealthMonitor
+    m = HealthMonitor({"stall_timeout": 8}, world_size=2, started=0.0)
+    m.feed({"rank": 0, "host": "a", "step": 5, "event": "step"}, received=100.0)
+    m.feed({"rank": 1, "host": "b", "step": 5, "event": "step"}, received=101.0)  # forwarded a moment later
+    stalls = m.stalls(108.5)
+    assert [s.rank for s in stalls] == [0]
+    assert m.culprit(stalls, {1: 4242}, 108.5).startswith("rank 1 on b hung: no heartbeat for 8s during training")
+    assert "(process 4242 is stopped); ranks 0 also silent" in m.culprit(stalls, {1: 4242}, 108.5)
+    assert m.culprit(stalls, {}, 108.5).startswith("rank 0 on a hung")
