@@ -1,7 +1,9 @@
-"""What the operator commands show, as data and as plain text (pure; the CLI adds rich when on a TTY).
+"""What the operator commands show, as data and as plain text (pure; `tty` renders the same data as rich
+tables on a terminal).
 
-`job_status(record, run_dir files)` gathers per-node and per-rank facts (agent, exit, heartbeats);
-`status_text`, `jobs_text` and `sparkline` turn them into deterministic text for golden tests.
+`job_status(record, run_dir files)` gathers per-node and per-rank facts (agent, exit, heartbeats) and
+`rank_rows` joins them into one row per rank; `status_text`, `jobs_text` and `sparkline` turn them into
+deterministic text for scripts and golden tests; `fmt_*` are the cell formats both renderings share.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.health import HealthMonitor, read_all
+from orchestrator.store import TERMINAL
 
 SPARKS = "▁▂▃▄▅▆▇█"
 
@@ -63,11 +66,48 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
             "created": record["created"], "updated": record["updated"]}
 
 
-def _fmt_loss(v: float | None) -> str:
+EVENT_STATE = {"start": "starting", "step": "training", "save_start": "saving", "save": "training", "end": "done",
+               "preempted": "preempted"}
+
+
+def _rank_state(node: dict[str, Any] | None, hb: dict[str, Any] | None, job_state: str) -> str:
+    """What a rank is doing: its node's recorded exit first (stopped = torn down by the agent), else its last
+    heartbeat; a rank of an ended job that left neither is `stopped`, one with no heartbeat yet `waiting`."""
+    event = hb["event"] if hb else ""
+    code = node["exit_code"] if node else None
+    if code is not None:
+        return ("preempted" if event == "preempted" else "done") if code == 0 else \
+            "stopped" if node["stop_reason"] else "failed"
+    if event in ("end", "preempted") or (hb is not None and job_state not in TERMINAL):
+        return EVENT_STATE.get(event, event or "running")
+    return "stopped" if job_state in TERMINAL else "waiting"
+
+
+def rank_rows(st: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per rank of a `job_status` dict, node facts joined in (ranks without a node plan last)."""
+    beats = {r["rank"]: r for r in st["ranks"]}
+    pairs = [(n, rank) for n in st["nodes"] for rank in n["ranks"]]
+    pairs += [(None, rank) for rank in sorted(set(beats) - {rank for _, rank in pairs})]
+    rows = []
+    for node, rank in pairs:
+        hb = beats.get(rank)
+        rows.append({"node": node["node"] if node else None, "rank": rank,
+                     "host": (hb and hb["host"]) or (node and node["host"]) or "",
+                     "state": _rank_state(node, hb, st["state"]), "exit_code": node["exit_code"] if node else None,
+                     **{k: hb[k] if hb else None for k in ("step", "max_steps", "loss", "heartbeat_age_s")}})
+    return rows
+
+
+def fmt_loss(v: float | None) -> str:
     return f"{v:.4f}" if isinstance(v, (int, float)) else "-"
 
 
-def _age(s: float | None) -> str:
+def fmt_step(r: dict[str, Any]) -> str:
+    """A rank's step, as `step/max_steps` when the trainer told its max."""
+    return f"{r['step']}/{r['max_steps']}" if r["max_steps"] else str(r["step"])
+
+
+def fmt_age(s: float | None) -> str:
     if s is None:
         return "-"
     s = max(0.0, s)
@@ -93,9 +133,8 @@ def status_text(st: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"{'RANK':<5} {'HOST':<20} {'STEP':>10} {'LOSS':>8} {'BEAT':>6}  LOSS CURVE")
         for r in st["ranks"]:
-            step = f"{r['step']}/{r['max_steps']}" if r["max_steps"] else str(r["step"])
-            lines.append(f"{r['rank']:<5} {r['host'][:20]:<20} {step:>10} {_fmt_loss(r['loss']):>8} "
-                         f"{_age(r['heartbeat_age_s']):>6}  {sparkline(r['losses'])}".rstrip())
+            lines.append(f"{r['rank']:<5} {r['host'][:20]:<20} {fmt_step(r):>10} {fmt_loss(r['loss']):>8} "
+                         f"{fmt_age(r['heartbeat_age_s']):>6}  {sparkline(r['losses'])}".rstrip())
     return "\n".join(lines)
 
 
@@ -107,8 +146,18 @@ def jobs_text(records: list[dict[str, Any]], now: float | None = None) -> str:
     for r in records:
         step = r.get("step")
         lines.append(f"{r['id'][:44]:<44} {r['state']:<10} {r['backend']:<7} {r['nodes']:>5} "
-                     f"{('-' if step is None else str(step)):>7} {_age(now - r['created']):>6}")
+                     f"{('-' if step is None else str(step)):>7} {fmt_age(now - r['created']):>6}")
     return "\n".join(lines)
+
+
+def completed_text(job: str, result: dict[str, Any]) -> str:
+    """The line `submit` prints when a job completed, from the recipe's ORCHESTRATE_RESULT (may be empty)."""
+    msg = f"job {job} COMPLETED"
+    first, last = result.get("first_loss"), result.get("final_loss")
+    if isinstance(first, (int, float)) and isinstance(last, (int, float)):
+        msg += f": loss {first:.3f} -> {last:.3f} over {result.get('global_step')} steps"
+    ck = result.get("last_checkpoint") or result.get("output_dir")
+    return msg + (f"; checkpoint: {ck}" if ck else "")
 
 
 def last_step(run_dir: str) -> int | None:

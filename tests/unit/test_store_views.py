@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from orchestrator.store import JobStore
 from orchestrator.views import jobs_text, sparkline, status_text
+from view_helpers import JOB_ROWS, status_fixture
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,30 +57,10 @@ def test_sparkline():
     assert sparkline([]) == ""
 
 
-def _status_fixture(tmp_path: Path) -> dict:
-    run = tmp_path / "run"
-    (run / "nodes" / "0").mkdir(parents=True)
-    (run / "nodes" / "1").mkdir(parents=True)
-    (run / "heartbeats").mkdir()
-    (run / "plan.json").write_text(json.dumps({"world_size": 2, "procs_per_node": 1, "health": {},
-                                               "node_plans": [{"node_rank": 0, "host": "gpu01", "ranks": [0]},
-                                                              {"node_rank": 1, "host": "gpu02", "ranks": [1]}]}))
-    (run / "nodes" / "0" / "agent.json").write_text(json.dumps({"host": "gpu01"}))
-    (run / "nodes" / "1" / "exit.json").write_text(json.dumps({"returncode": 137, "stop_reason": "signal SIGTERM"}))
-    for rank in (0, 1):
-        lines = [json.dumps({"t": 1000.0 + s, "rank": rank, "host": f"gpu0{rank + 1}", "step": s, "max_steps": 10,
-                             "loss": 6.0 - s * 0.5 - rank * 0.1, "tokens": s * 100, "event": "step"})
-                 for s in range(1, 6 - rank * 2)]
-        (run / "heartbeats" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
-    return {"id": "sft-1", "state": "FAILED", "backend": "ssh", "handle": "ssh://sft-1", "cluster": "lab",
-            "world_size": 2, "restarts": 1, "exit_code": 1, "root_cause": "node 1 (gpu02) failed: signal SIGKILL",
-            "run_dir": str(run), "created": 900.0, "updated": 1010.0}
-
-
 @pytest.mark.health
 def test_status_text_golden(tmp_path):
     from orchestrator.views import job_status
-    st = job_status(_status_fixture(tmp_path), now=1010.0)
+    st = job_status(status_fixture(tmp_path), now=1010.0)
     text = status_text(st).replace(str(tmp_path), "TMP")
     assert text == """job      sft-1
 state    FAILED  (exit 1)
@@ -102,11 +82,7 @@ RANK  HOST                       STEP     LOSS   BEAT  LOSS CURVE
 
 @pytest.mark.health
 def test_jobs_text_golden():
-    rows = [{"id": "sft_tiny-20261122-0400-ab12", "state": "RUNNING", "backend": "local", "nodes": 2, "step": 12,
-             "created": 1000.0},
-            {"id": "dpo-20261122-0300-cd34", "state": "COMPLETED", "backend": "slurm", "nodes": 4, "step": None,
-             "created": 0.0}]
-    assert jobs_text(rows, now=1090.0) == (
+    assert jobs_text(JOB_ROWS, now=1090.0) == (
         "JOB                                          STATE      BACKEND NODES    STEP    AGE\n"
         "sft_tiny-20261122-0400-ab12                  RUNNING    local       2      12    90s\n"
         "dpo-20261122-0300-cd34                       COMPLETED  slurm       4       -    18m")
@@ -116,7 +92,7 @@ def test_jobs_text_golden():
 @pytest.mark.health
 def test_plot_png(tmp_path):
     from orchestrator.plot import plot_job
-    rec = _status_fixture(tmp_path)
+    rec = status_fixture(tmp_path)
     png = plot_job(rec["run_dir"], str(tmp_path / "p.png"), "sft-1")
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
@@ -133,3 +109,12 @@ def test_hang_culprit_prefers_a_stopped_rank_even_under_its_limit():
     assert m.culprit(stalls, {1: 4242}, 108.5).startswith("rank 1 on b hung: no heartbeat for 8s during training")
     assert "(process 4242 is stopped); ranks 0 also silent" in m.culprit(stalls, {1: 4242}, 108.5)
     assert m.culprit(stalls, {}, 108.5).startswith("rank 0 on a hung")
+
+
+def test_completed_text():
+    from orchestrator.views import completed_text
+    assert completed_text("j", {}) == "job j COMPLETED"
+    assert completed_text("j", {"first_loss": 6.0, "final_loss": 2.25, "global_step": 10, "output_dir": "/o",
+                                "last_checkpoint": "/o/checkpoint-10"}) == \
+        "job j COMPLETED: loss 6.000 -> 2.250 over 10 steps; checkpoint: /o/checkpoint-10"
+    assert completed_text("j", {"final_loss": None, "output_dir": "/o"}) == "job j COMPLETED; checkpoint: /o"
