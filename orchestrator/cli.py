@@ -1,8 +1,9 @@
-"""`orchestrate` command line: argument parsing, one-line errors, exit codes, terminal output.
+"""`orchestrate` command line: argument parsing, the commands, one-line errors, exit codes.
 
-Imports nothing heavy at start-up (`orchestrate --help` must stay fast): the api, launchers and rich
-are imported inside the commands that need them. Exit codes: 0 ok, 1 job failed, 2 bad input,
-130 cancelled.
+What the commands print lives elsewhere: `views` (data and plain text), `tty` (rich tables on a terminal),
+`progress` (training progress). Imports nothing heavy at start-up (`orchestrate --help` must stay fast):
+the api, launchers and rich are imported inside the commands that need them. Exit codes: 0 ok, 1 job
+failed, 2 bad input, 130 cancelled.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ EPILOG = """examples:
   orchestrate render recipe.yaml --nodes 2 --out /tmp/plan
   orchestrate submit recipe.yaml --detach ; orchestrate attach JOB
   orchestrate ls | status JOB | logs JOB [-f] [--rank R|--node N] [--grep RE] | plot JOB | cancel JOB
+  orchestrate status JOB --color always | less -R     # rich tables into a pipe (--json for scripts)
 """
 
 
@@ -59,12 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", "-o", required=True, help="output directory")
     r.add_argument("--json", action="store_true", help="print the plan as JSON instead of the summary")
 
-    ls = sub.add_parser("ls", help="recent jobs (state, nodes, step, age)")
+    ls = sub.add_parser("ls", help="recent jobs (state, nodes, step, age, root cause)")
     ls.add_argument("--limit", type=int, default=20)
-    ls.add_argument("--json", action="store_true")
     st = sub.add_parser("status", help="one job per node and rank: host, step, loss, heartbeat age, exit code")
     st.add_argument("job", help="job id (a unique prefix is enough)")
-    st.add_argument("--json", action="store_true")
+    for view in (ls, st):
+        view.add_argument("--json", action="store_true", help="machine-readable output (unchanged by --color)")
+        view.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                          help="rich tables with coloured states: auto (default) when stdout is a terminal or "
+                               "FORCE_COLOR is set, always, or never (the plain aligned text that pipes get)")
     at = sub.add_parser("attach", help="follow a running job (logs and progress) until it ends; Ctrl-C detaches")
     at.add_argument("job")
     at.add_argument("--quiet", "-q", action="store_true", help="progress only, no node output")
@@ -177,15 +182,8 @@ def cmd_submit(args) -> int:
         progress.close()
     job = prepared.plan.job_id
     if result.state == "COMPLETED":
-        msg = f"job {job} COMPLETED"
-        if result_line:
-            first, last = result_line.get("first_loss"), result_line.get("final_loss")
-            if isinstance(first, (int, float)) and isinstance(last, (int, float)):
-                msg += f": loss {first:.3f} -> {last:.3f} over {result_line.get('global_step')} steps"
-            ck = result_line.get("last_checkpoint") or result_line.get("output_dir")
-            if ck:
-                msg += f"; checkpoint: {ck}"
-        print(msg)
+        from orchestrator.views import completed_text
+        print(completed_text(job, result_line))
         return 0
     print(f"job {job} {result.state}: {result.root_cause}", file=sys.stderr)
     return result.returncode or 1
@@ -200,32 +198,15 @@ def _record(job: str):
     return rec
 
 
-STATE_STYLE = {"COMPLETED": "green", "RUNNING": "yellow", "RESTARTING": "yellow", "PENDING": "cyan",
-               "FAILED": "bold red", "CANCELLED": "magenta", "TIMEOUT": "red", "NODE_FAIL": "red",
-               "OUT_OF_MEMORY": "red", "PREEMPTED": "yellow"}
-
-
-def _show(text: str) -> None:
-    """Plain text when piped (scripts, golden tests); on a terminal, rich with job states coloured."""
-    if not sys.stdout.isatty():
-        print(text)
-        return
-    import re
-    from rich.console import Console
-    from rich.markup import escape
-    out = escape(text)
-    out = re.sub(r"\b(" + "|".join(STATE_STYLE) + r")\b", lambda m: f"[{STATE_STYLE[m.group(1)]}]{m.group(1)}[/]", out)
-    Console(highlight=False, soft_wrap=True).print(out)
-
-
 def cmd_ls(args) -> int:
     from orchestrator.store import JobStore
-    from orchestrator.views import jobs_text, last_step
+    from orchestrator.views import last_step
     rows = [dict(r.to_dict(), step=last_step(r.run_dir)) for r in JobStore().list(args.limit)]
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True))
     else:
-        _show(jobs_text(rows))
+        from orchestrator.tty import show_jobs
+        show_jobs(rows, args.color)
     return 0
 
 
@@ -257,7 +238,7 @@ def _refresh_from_scheduler(rec):
 
 
 def cmd_status(args) -> int:
-    from orchestrator.views import job_status, status_text
+    from orchestrator.views import job_status
     rec, sched = _refresh_from_scheduler(_record(args.job))
     st = job_status(rec.to_dict())
     if sched:
@@ -265,7 +246,8 @@ def cmd_status(args) -> int:
     if args.json:
         print(json.dumps(st, indent=2, sort_keys=True))
     else:
-        _show(status_text(st))
+        from orchestrator.tty import show_status
+        show_status(st, args.color)
     return 0
 
 
@@ -431,7 +413,6 @@ def cmd_cancel(args) -> int:
             cluster = cluster_from_dict(json.loads((run_dir / "cluster.json").read_text()))
             h = json.loads((run_dir / "handle.json").read_text())
         except (OSError, ValueError) as e:
-            from orchestrator.errors import OrchestratorError
             raise OrchestratorError(f"job {rec.id}: cannot cancel, run dir incomplete ({e})") from None
         api.make_launcher(cluster, run_dir).cancel(JobHandle(h["uri"], dict(h.get("data") or {}, run_dir=str(run_dir))))
     JobStore().update(rec.id, "CANCELLED", detail="cancelled by the user")
