@@ -1,9 +1,9 @@
 """`orchestrate` command line: argument parsing, the commands, one-line errors, exit codes.
 
 What the commands print lives elsewhere: `views` (data and plain text), `tty` (rich tables on a terminal),
-`progress` (training progress). Imports nothing heavy at start-up (`orchestrate --help` must stay fast):
-the api, launchers and rich are imported inside the commands that need them. Exit codes: 0 ok, 1 job
-failed, 2 bad input, 130 cancelled.
+`logtail` (node logs), `progress` (training progress). Imports nothing heavy at start-up (`orchestrate
+--help` must stay fast): the api, launchers and rich are imported inside the commands that need them.
+Exit codes: 0 ok, 1 job failed, 2 bad input, 130 cancelled.
 """
 
 from __future__ import annotations
@@ -251,71 +251,12 @@ def cmd_status(args) -> int:
     return 0
 
 
-def _log_filter(args, plan: dict):
-    import re
-    pattern = re.compile(args.grep) if args.grep else None
-    node = args.node
-    other_rank = None
-    if args.rank is not None:
-        ppn = int(plan.get("procs_per_node") or 1)
-        node = args.rank // ppn
-        other_rank = re.compile(r"^\[rank(\d+)\]")
-
-    def keep(n: int, line: str) -> bool:
-        if node is not None and n != node:
-            return False
-        if other_rank is not None:
-            m = other_rank.match(line)
-            if m and int(m.group(1)) != args.rank:
-                return False
-        return pattern is None or bool(pattern.search(line))
-    return keep
-
-
-class LogTail:
-    """New complete lines of RUN_DIR/logs/node<R>.log since the last call, filtered, prefixed [host nodeR]."""
-
-    def __init__(self, run_dir, keep):
-        from pathlib import Path
-        self.run_dir = Path(run_dir)
-        self.keep = keep
-        try:
-            plan = json.loads((self.run_dir / "plan.json").read_text())
-        except (OSError, ValueError):
-            plan = {}
-        self.hosts = {n["node_rank"]: n.get("host") or f"node{n['node_rank']}" for n in plan.get("node_plans", [])}
-        self.offsets: dict = {}
-        self.pending: dict = {}
-
-    def drain(self) -> None:
-        import re
-        for path in sorted((self.run_dir / "logs").glob("node*.log")):
-            m = re.fullmatch(r"node(\d+)\.log", path.name)
-            if not m:
-                continue
-            n = int(m.group(1))
-            with open(path, "rb") as f:
-                f.seek(self.offsets.get(path, 0))
-                data = self.pending.get(path, b"") + f.read()
-                self.offsets[path] = f.tell()
-            *lines, rest = re.split(rb"[\r\n]", data)
-            self.pending[path] = rest
-            for raw in lines:
-                line = raw.decode(errors="replace")
-                if line.strip() and not line.startswith("ORCHESTRATE_HB ") and self.keep(n, line):
-                    print(f"[{self.hosts.get(n, '?')} node{n}] {line}", flush=True)
-
-
 def cmd_logs(args) -> int:
     import time
-    from pathlib import Path
+    from orchestrator.logtail import LogTail
     from orchestrator.store import TERMINAL, JobStore
     rec = _record(args.job)
-    try:
-        plan = json.loads((Path(rec.run_dir) / "plan.json").read_text())
-    except (OSError, ValueError):
-        plan = {}
-    tail = LogTail(rec.run_dir, _log_filter(args, plan))
+    tail = LogTail(rec.run_dir, node=args.node, rank=args.rank, grep=args.grep)
     tail.drain()
     while args.follow:
         state = JobStore().get(rec.id).state
@@ -346,15 +287,16 @@ def _supervisor(job: str) -> int | None:
 
 def cmd_attach(args) -> int:
     import time
+    from pathlib import Path
     from orchestrator.health import HeartbeatTail
+    from orchestrator.logtail import LogTail
     from orchestrator.progress import Progress
     from orchestrator.store import TERMINAL, JobStore
     rec = _record(args.job)
     print(f"attached to job {rec.id} ({rec.state}); Ctrl-C detaches, the job keeps running", flush=True)
-    from pathlib import Path
     progress = Progress()
     beats = HeartbeatTail(Path(rec.run_dir) / "heartbeats", {0})
-    tail = LogTail(rec.run_dir, lambda n, line: True)
+    tail = LogTail(rec.run_dir)
     try:
         while True:
             state = JobStore().get(rec.id).state
