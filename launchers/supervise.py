@@ -14,6 +14,9 @@ _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
 _EXC = re.compile(r"^(?:\[rank(\d+)\]:\s*)?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)"
                   r"(?::.*)?)$", re.MULTILINE)
 _LAUNCHER_NOISE = ("ChildFailedError", "SignalException")
+# The node agent's own line when it ended a node because a rank died (orchestrator.rankwatch), before torchrun
+# could print its error table.
+_AGENT_DEATH = re.compile(r"orchestrate node agent: rank (\d+) \(pid \d+\) .*?\(exit (-?\d+)\)")
 # Log lines that say a rank died because a PEER went away (a victim, not the root cause of a failure).
 PEER_HINTS = ("Connection reset by peer", "Connection closed by peer", "connectFullMesh", "Broken pipe",
               "Socket closed", "ProcessGroupGloo", "recvBytes", "sendBytes")
@@ -69,6 +72,8 @@ def root_cause_text(node: NodeExit) -> str:
     tail = node.log_tail or ""
     rank = _RANK.findall(tail)
     code = _EXITCODE.findall(tail)
+    if not rank and _AGENT_DEATH.search(tail):
+        rank, code = (list(x) for x in zip(_AGENT_DEATH.findall(tail)[-1]))
     who = f"node {node.node_rank} ({node.host})"
     detail = describe_code(node.returncode)
     if rank:

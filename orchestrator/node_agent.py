@@ -87,7 +87,9 @@ class Agent:
         self.node_dir = run_dir / "nodes" / str(rank)
         self.proc: subprocess.Popen | None = None
         self.stopping = threading.Event()
+        self.launch_done = threading.Event()  # set by wait() when the launch has exited
         self.stop_reason = ""
+        self.rank_death = None  # orchestrator.rankwatch.RankDeath when a rank died before finishing
         import secrets as _secrets
         self.token = f"{plan.job_id}.{rank}.{_secrets.token_hex(6)}"
 
@@ -166,6 +168,25 @@ class Agent:
             signal_pids(marked(self.token), signal.SIGKILL)
         threading.Thread(target=escalate, daemon=True).start()
 
+    def watch_ranks(self) -> None:
+        """Fail fast: a rank of this node that dies before finishing ends the node at once (orchestrator.rankwatch),
+        instead of after torchrun's own poll, error report and exit. Its peers on this node are blocked on it and
+        a checkpoint cannot complete without it: KILL, no grace."""
+        from orchestrator.rankwatch import RankWatch
+        watch = RankWatch(self.token, list(self.plan.node(self.rank).ranks), self.run_dir / "heartbeats")
+
+        def run() -> None:
+            death = watch.wait(lambda: self.stopping.is_set() or self.launch_done.is_set())
+            if death is None or self.stopping.is_set() or self.proc is None:
+                return
+            self.rank_death = death
+            self.stop_reason = death.describe()
+            self.stopping.set()
+            os.write(2, f"orchestrate node agent: {death.describe()}; stopping node {self.rank} now\n".encode())
+            signal_group(self.proc.pid, signal.SIGKILL)
+            signal_pids(marked(self.token), signal.SIGKILL)
+        threading.Thread(target=run, daemon=True, name="rank-watch").start()
+
     def watch_stdin(self) -> None:
         def run() -> None:
             # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader makes the interpreter
@@ -193,12 +214,12 @@ class Agent:
 
         def run() -> None:
             while True:
-                done = self.proc is not None and self.proc.poll() is not None
+                done = self.launch_done.is_set()
                 for rec in tail.read():
                     os.write(1, (HB_PREFIX + json.dumps(rec, sort_keys=True) + "\n").encode())
                 if done:
                     return
-                time.sleep(interval)
+                self.launch_done.wait(interval)  # woken at once when the launch ends: no exit latency
         self._hb_thread = threading.Thread(target=run, daemon=True)
         self._hb_thread.start()
 
@@ -241,6 +262,7 @@ class Agent:
                 break
             except InterruptedError:
                 continue
+        self.launch_done.set()
         # Nothing of the job may outlive the launch: stragglers of the group and every marked process.
         kill_group(self.proc.pid, grace=min(self.grace, 2.0))
         kill_marked(self.token, grace=min(self.grace, 2.0))
@@ -254,10 +276,13 @@ class Agent:
         preempted = code != 0 and not hang and self.ranks_preempted()
         if hang:
             code = 124
+        elif self.rank_death is not None:
+            code = self.rank_death.exit_code
         write_json(self.node_dir / "exit.json", {"returncode": 0 if preempted else code, "signal": sig,
                                                  "time": time.time(), "stop_reason": self.stop_reason,
                                                  "preempted": preempted, "launch_returncode": code,
-                                                 "hang": hang or None})
+                                                 "hang": hang or None,
+                                                 "rank_death": self.rank_death.describe() if self.rank_death else None})
         # A node whose ranks all saved a checkpoint on a preemption signal and stopped has done its job:
         # exit 0, so `srun --kill-on-bad-exit` does not kill other nodes still saving.
         return 0 if preempted else code
@@ -388,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     if not agent.start(secrets):
         print(f"orchestrate node agent: {agent.stop_reason}; nothing started", file=sys.stderr)
         return 143
+    agent.watch_ranks()
     if args.watch_stdin:
         agent.watch_stdin()
     if args.parent_pid:

@@ -71,6 +71,21 @@ def kill_group(pgid: int, grace: float = 5.0, poll: float = 0.05) -> float:
     return time.monotonic() - t0
 
 
+def zombie_exit_status(pid: int) -> int | None:
+    """The exit status of a process that has exited but is not reaped yet (a zombie), as subprocess reports it
+    (-N killed by signal N, else the exit code); None when it is running or already reaped. /proc/PID/stat field
+    52 (Linux >= 3.5) holds the wait status until the parent reaps it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            rest = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
+        if rest[0] != "Z":
+            return None
+        status = int(rest[49])
+    except (OSError, IndexError, ValueError):
+        return None
+    return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
+
+
 def state(pid: int) -> str | None:
     """The one-letter /proc state (R, S, D, T = stopped, Z ...) or None when gone."""
     st = _stat(pid)

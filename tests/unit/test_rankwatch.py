@@ -1,0 +1,105 @@
+"""The node agent's rank watch on real processes: a rank that dies before finishing is reported at once with
+its exit status (read while it is a zombie, before its parent reaps it); clean ends are left alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.proctools import TOKEN_VAR, zombie_exit_status
+from orchestrator.rankwatch import RankDeath, RankWatch, last_event
+
+SCRIPT = r"""
+import json, os, sys, time
+hb, event, code = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if event != "none":
+    with open(os.path.join(hb, "rank%s.jsonl" % os.environ["RANK"]), "a") as f:
+        f.write(json.dumps({"t": time.time(), "rank": int(os.environ["RANK"]), "step": 3, "event": event}) + "\n")
+print("ready", flush=True)
+time.sleep(60 if code < 0 else 0.5)  # alive while the watch finds it
+os._exit(code)
+"""
+
+
+def start_rank(tmp_path: Path, token: str, rank: int, event: str, code: int) -> subprocess.Popen:
+    env = dict(os.environ, **{TOKEN_VAR: token, "RANK": str(rank)})
+    p = subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path), event, str(code)], env=env,
+                         stdout=subprocess.PIPE, start_new_session=True)  # like torchrun's workers
+    assert p.stdout.readline().strip() == b"ready"
+    return p
+
+
+def watch(tmp_path: Path, token: str, ranks: list[int]) -> tuple[threading.Thread, dict]:
+    box: dict = {}
+    stop = threading.Event()
+    w = RankWatch(token, ranks, tmp_path, scan_every=0.05)
+    t = threading.Thread(target=lambda: box.update(death=w.wait(stop.is_set), at=time.monotonic()), daemon=True)
+    t.start()
+    box["stop"] = stop
+    return t, box
+
+
+def test_sigkilled_rank_is_reported_at_once_with_its_signal(tmp_path):
+    token = f"t{os.getpid()}a"
+    p = start_rank(tmp_path, token, 1, "step", -1)
+    t, box = watch(tmp_path, token, [1])
+    time.sleep(0.3)  # the watch has found the rank
+    k = time.monotonic()
+    p.kill()
+    t.join(5)
+    death = box["death"]
+    assert isinstance(death, RankDeath), death
+    assert (death.rank, death.pid, death.status, death.last_event) == (1, p.pid, -9, "step")
+    assert death.exit_code == 137
+    assert "rank 1" in death.describe() and "SIGKILL" in death.describe() and "(exit -9)" in death.describe()
+    assert box["at"] - k < 0.5
+    p.wait()
+
+
+@pytest.mark.parametrize("event,code,expect", [("step", 3, 3), ("none", 2, 2), ("end", 0, None),
+                                               ("preempted", 143, None), ("none", 0, None), ("end", 1, None)])
+def test_exit_classification(tmp_path, event, code, expect):
+    token = f"t{os.getpid()}{event}{code}"
+    p = start_rank(tmp_path, token, 0, event, code)
+    t, box = watch(tmp_path, token, [0])
+    t.join(5)
+    assert not t.is_alive()
+    death = box["death"]
+    if expect is None:
+        assert death is None, death
+    else:
+        assert death is not None and death.status == expect and death.exit_code == expect
+    p.wait()
+
+
+def test_stop_ends_the_watch(tmp_path):
+    token = f"t{os.getpid()}stop"
+    p = start_rank(tmp_path, token, 0, "step", -1)
+    t, box = watch(tmp_path, token, [0])
+    time.sleep(0.2)
+    box["stop"].set()
+    t.join(2)
+    assert not t.is_alive() and box["death"] is None
+    p.kill()
+    p.wait()
+
+
+def test_zombie_status_and_last_event(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", "import os; os._exit(7)"])
+    deadline = time.monotonic() + 5
+    while zombie_exit_status(p.pid) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert zombie_exit_status(p.pid) == 7
+    p.wait()
+    assert zombie_exit_status(p.pid) is None  # reaped
+    f = tmp_path / "rank4.jsonl"
+    assert last_event(tmp_path, 4) is None
+    f.write_text(json.dumps({"event": "step"}) + "\n" + json.dumps({"event": "save"}) + "\n{partial")
+    assert last_event(tmp_path, 4) == "save"
