@@ -66,8 +66,8 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
             "created": record["created"], "updated": record["updated"]}
 
 
-EVENT_STATE = {"start": "starting", "step": "training", "save_start": "saving", "save": "training", "end": "done",
-               "preempted": "preempted"}
+EVENT_STATE = {"boot": "starting", "dist": "starting", "start": "starting", "step": "training", "save_start": "saving",
+               "save": "training", "end": "done", "preempted": "preempted"}
 
 
 def _rank_state(node: dict[str, Any] | None, hb: dict[str, Any] | None, job_state: str) -> str:

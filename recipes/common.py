@@ -98,6 +98,9 @@ def setup_runtime(trainer_cfg: dict | None = None) -> Runtime:
                                        timeout=timedelta(seconds=rt.pg_timeout_s), verbose=False)
         elif not dist.is_initialized():
             dist.init_process_group(backend="gloo", timeout=timedelta(seconds=rt.pg_timeout_s))
+    from recipes import phases
+
+    phases.mark("dist")
     return rt
 
 

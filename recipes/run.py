@@ -43,8 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m recipes.run RECIPE_YAML", file=sys.stderr)
         return 2
+    from recipes import phases
     from recipes.common import RecipeError
 
+    phases.mark("boot", proc_start=phases.process_start_time())
     try:
         result = run(load_recipe(argv[0]))
     except RecipeError as e:

@@ -95,7 +95,7 @@ def test_signal_saves_checkpoint_then_resume_continues(recipe_cfg, launch, tmp_p
         deadline = time.time() + 120
         while time.time() < deadline:  # wait until rank 1 has logged a few steps
             f = hb / "rank1.jsonl"
-            if f.exists() and sum(1 for x in f.read_text().splitlines() if '"step"' in x) >= 3:
+            if f.exists() and sum(1 for x in f.read_text().splitlines() if '"event": "step"' in x) >= 3:
                 break
             assert p.poll() is None, "run ended early"
             time.sleep(0.2)
@@ -137,7 +137,7 @@ def test_hung_peer_times_out_on_cpu(recipe_cfg, launch, tmp_path):
         deadline = time.time() + 120
         while time.time() < deadline:
             f = hb / "rank1.jsonl"
-            if f.exists() and sum(1 for x in f.read_text().splitlines() if '"step"' in x) >= 2:
+            if f.exists() and sum(1 for x in f.read_text().splitlines() if '"event": "step"' in x) >= 2:
                 break
             assert p.poll() is None, "run ended early"
             time.sleep(0.2)

@@ -96,7 +96,7 @@ def _wait_first_step(testbed, plan, timeout=60.0):
     hb = remote_run_dir(testbed, plan.node_plans[1].host, plan.job_id) / "heartbeats" / "rank1.jsonl"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if hb.exists() and '"step"' in hb.read_text():
+        if hb.exists() and '"event": "step"' in hb.read_text():
             return
         time.sleep(0.1)
     raise AssertionError("training never reached its first step")

@@ -1,0 +1,46 @@
+"""Start-up phase marks of a rank, for the per-phase breakdown of a launch (no heavy imports: it runs first).
+
+`mark(event)` appends one heartbeat-format line to ORCHESTRATE_HEARTBEAT_DIR/rank<RANK>.jsonl (a no-op when the
+variable is unset): "boot" when `recipes.run` starts (with `proc_start`, when the kernel created this process),
+"dist" once the process group is up (rendezvous done). With the agent's `started` (launch exec'd), the callback's
+"start" (train begin: model, data, trainer built) and the first "step", a launch splits into launcher start,
+interpreter + imports, rendezvous, model load and first step. Records carry step 0, so the health monitor counts
+them as start-up progress, never as training steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+
+def process_start_time(pid: int | str = "self") -> float | None:
+    """Wall-clock time the kernel created `pid`: its start in clock ticks after boot, against /proc/uptime (10 ms
+    resolution; /proc/stat's btime is whole seconds)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def mark(event: str, **extra) -> None:
+    d = os.environ.get("ORCHESTRATE_HEARTBEAT_DIR")
+    if not d:
+        return
+    rank = int(os.environ.get("RANK", "0"))
+    rec = {"t": time.time(), "rank": rank, "host": socket.gethostname(), "step": 0, "event": event, **extra}
+    try:
+        os.makedirs(d, exist_ok=True)
+        fd = os.open(os.path.join(d, f"rank{rank}.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, (json.dumps(rec) + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # a phase mark never fails a run
