@@ -5,10 +5,14 @@
     python bench/bench_launch.py [--repeat 5] [--steps 6]
 
 - time to first training step (command start -> rank 0's first step heartbeat), ours vs anchor,
-  median of `repeat`, as a ratio (goal <= 1.0), with a per-phase breakdown of ours:
-  submit (validate, plan, connect, pre-flight, copy, exec) -> agent started -> train begin (launcher start,
-  rendezvous, model load) -> first step;
-- teardown: one rank SIGKILLed mid-training -> every process of the job gone on every node (goal <= 1.5 s).
+  median of `repeat`, as a ratio (goal <= 1.0), with when each phase was reached (seconds after the command),
+  for every run: ours planned / preflight (connect + probe of all hosts) / copied / agents_started (exec), then
+  for both rank_process (launcher start done: the rank's process exists) / boot (interpreter up) / dist (torch
+  imported, rendezvous done) / train_begin (model, data, trainer built) / first_step;
+- teardown: one rank SIGKILLed mid-training -> every process of the job gone on every node (goal <= 1.5 s),
+  with when each role (agent, launcher, rank, per node) was gone.
+
+    python bench/bench_launch.py --only teardown --repeat 3   # one of the two
 Needs root (real sshd hosts on loopback, scripts/sshd_hosts.py). Results: bench/results/launch.json.
 """
 
@@ -74,18 +78,26 @@ def remote_run_dir(tb, host: str, job_id: str) -> Path:
     return Path(tb.dir) / "work" / host / "runs" / job_id
 
 
+def rank_phases(recs: list[dict], t0: float, rank: int = 0) -> dict:
+    """When rank `rank` was created, booted, had its process group, began training and stepped, from t0."""
+    boot = next((r for r in recs if r.get("rank") == rank and r.get("event") == "boot"), {})
+    out = {"rank_process": boot.get("proc_start"), "boot": first(recs, "boot", rank), "dist": first(recs, "dist", rank),
+           "train_begin": first(recs, "start", rank), "first_step": first(recs, "step", rank)}
+    return {k: (v - t0 if v else None) for k, v in out.items()}
+
+
 def ours(tb, cluster: Path, tmp: Path, i: int, steps: int) -> dict:
     t0 = time.time()
     prep = prepare(cluster, tmp, f"ours{i}", steps)
     res = api.submit(prep)
     assert res.state == "COMPLETED", res.root_cause
     local = Path(api._home()) / "runs" / prep.plan.job_id
-    recs = heartbeats(local)
-    agent = json.loads((remote_run_dir(tb, tb.hosts[0], prep.plan.job_id) / "nodes/0/agent.json").read_text())
-    begin, step = first(recs, "start"), first(recs, "step")
-    return {"first_step_s": step - t0, "phases": {"submit_to_agent_started": agent["started"] - t0,
-                                                   "agent_to_train_begin": begin - agent["started"],
-                                                   "train_begin_to_first_step": step - begin}}
+    tl = json.loads((local / "handle.json").read_text())["data"]["timeline"]
+    started = max(json.loads((remote_run_dir(tb, h, prep.plan.job_id) / f"nodes/{r}/agent.json").read_text())["started"]
+                  for r, h in enumerate(tb.hosts[:2]))
+    at = {"planned": tl["submitted"] - t0, "preflight": tl["preflight_done"] - t0, "copied": tl["copied"] - t0,
+          "agents_started": started - t0, **rank_phases(heartbeats(local), t0)}
+    return {"first_step_s": at["first_step"], "at": at}
 
 
 def anchor(tb, cluster: Path, tmp: Path, i: int, steps: int) -> dict:
@@ -106,8 +118,8 @@ def anchor(tb, cluster: Path, tmp: Path, i: int, steps: int) -> dict:
                                       stderr=subprocess.DEVNULL))
     rcs = [p.wait(timeout=600) for p in procs]
     assert rcs == [0, 0], rcs
-    step = first(heartbeats(d), "step")
-    return {"first_step_s": step - t0}
+    at = rank_phases(heartbeats(d), t0)
+    return {"first_step_s": at["first_step"], "at": at}
 
 
 def teardown(tb, cluster: Path, tmp: Path, i: int) -> float:
@@ -121,14 +133,28 @@ def teardown(tb, cluster: Path, tmp: Path, i: int) -> float:
     infos = [json.loads((remote_run_dir(tb, h, jid) / f"nodes/{r}/agent.json").read_text())
              for r, h in enumerate(tb.hosts[:2])]
     victim = wait_for(lambda: marked_ranks(infos[1]["token"]).get(1), 30, "rank 1 pid")
-    pids = [p for a in infos for p in marked(a["token"]) + group_members(a["pgid"]) + [a["agent_pid"]]]
+    roles = {}  # pid -> "node R <role>": when each one vanished tells where the teardown time goes
+    for r, a in enumerate(infos):
+        ranks = {pid: g for g, pid in marked_ranks(a["token"]).items()}
+        for p in set(marked(a["token"]) + group_members(a["pgid"])):
+            roles[p] = f"node{r} " + (f"rank{ranks[p]}" if p in ranks else "launcher" if p == a["pid"] else "other")
+        roles[a["agent_pid"]] = f"node{r} agent"
+    gone_at: dict[str, float] = {}
     t0 = time.monotonic()
     os.kill(victim, signal.SIGKILL)
-    wait_for(lambda: not any(alive(p) for p in pids) and not any(marked(a["token"]) for a in infos), 60,
-             "every process gone")
+
+    def all_gone() -> bool:
+        now = time.monotonic() - t0
+        live = {role for p, role in roles.items() if alive(p)}
+        for role in set(roles.values()) - live - set(gone_at):
+            gone_at[role] = now  # the first poll at which every process of that role was gone
+        return not any(alive(p) for p in roles) and not any(marked(a["token"]) for a in infos)
+    wait_for(all_gone, 60, "every process gone")
     gone = time.monotonic() - t0
     t.join(60)
     assert box["r"].state == "FAILED", box["r"]
+    print(f"  teardown {i}: all gone {gone:.2f}s; " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(
+        gone_at.items(), key=lambda kv: kv[1])), flush=True)
     return gone
 
 
@@ -138,6 +164,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--base-ip", default="127.0.30.2")
     ap.add_argument("--port", type=int, default=2224)
+    ap.add_argument("--only", choices=("launch", "teardown"), default=None, help="run one of the two measurements")
     args = ap.parse_args()
     why = sshd_hosts.prerequisites()
     if why:
@@ -152,29 +179,33 @@ def main() -> int:
                                            "network_interface": "lo", "ssh": tb.ssh_block()}))
         api.submit(prepare(cluster, tmp, "warm", 2))  # warm caches (tiny model, trl field list, page cache)
         runs = {"ours": [], "anchor": []}
-        for i in range(args.repeat):  # interleaved, so drift hits both alike
+        for i in range(args.repeat if args.only != "teardown" else 0):  # interleaved, so drift hits both alike
             runs["anchor"].append(anchor(tb, cluster, tmp, i, args.steps))
             runs["ours"].append(ours(tb, cluster, tmp, i, args.steps))
-            print(f"run {i}: ours {runs['ours'][-1]['first_step_s']:.2f}s anchor "
-                  f"{runs['anchor'][-1]['first_step_s']:.2f}s", flush=True)
-        kills = [teardown(tb, cluster, tmp, i) for i in range(args.repeat)]
+            print(f"run {i}: ours {runs['ours'][-1]['at']} anchor {runs['anchor'][-1]['at']}", flush=True)
+        kills = [teardown(tb, cluster, tmp, i) for i in range(args.repeat if args.only != "launch" else 0)]
     finally:
         sshd_hosts.down(tmp / "sshd")
-    med = {k: statistics.median(r["first_step_s"] for r in v) for k, v in runs.items()}
-    phases = {k: round(statistics.median(r["phases"][k] for r in runs["ours"]), 3)
-              for k in runs["ours"][0]["phases"]}
-    result = {"first_step_s": {k: round(v, 3) for k, v in med.items()}, "ratio": round(med["ours"] / med["anchor"], 3),
-              "ours_phases_median_s": phases, "teardown_after_sigkill_s": [round(k, 3) for k in kills],
-              "teardown_median_s": round(statistics.median(kills), 3), "repeat": args.repeat, "steps": args.steps,
-              "runs": runs}
+    result: dict = {"repeat": args.repeat, "steps": args.steps}
+    if runs["ours"]:
+        med = {k: statistics.median(r["first_step_s"] for r in v) for k, v in runs.items()}
+        phases = {who: {k: round(statistics.median(r["at"][k] for r in runs[who]), 3) for k in runs[who][0]["at"]
+                        if all(r["at"][k] is not None for r in runs[who])} for who in runs}
+        result.update(first_step_s={k: round(v, 3) for k, v in med.items()}, ratio=round(med["ours"] / med["anchor"], 3),
+                      phases_median_s_since_command=phases, runs=runs)
+        print(f"time to first step (median of {args.repeat}): ours {med['ours']:.2f}s, hand-run accelerate launch "
+              f"over ssh {med['anchor']:.2f}s, ratio {result['ratio']:.3f} (goal <= 1.0)")
+        for who, at in phases.items():
+            print(f"{who}, reached (median s after the command): " + ", ".join(f"{k} {v:.2f}" for k, v in at.items()))
+    if kills:
+        result.update(teardown_after_sigkill_s=[round(k, 3) for k in kills],
+                      teardown_median_s=round(statistics.median(kills), 3))
+        print(f"teardown after a SIGKILLed rank, to the last process gone: median {result['teardown_median_s']:.2f}s "
+              f"(all: {result['teardown_after_sigkill_s']}; goal <= 1.5 s)")
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "launch.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"time to first step (median of {args.repeat}): ours {med['ours']:.2f}s, hand-run accelerate launch over "
-          f"ssh {med['anchor']:.2f}s, ratio {result['ratio']:.3f} (goal <= 1.0)")
-    print("ours, per phase (median): " + ", ".join(f"{k} {v:.2f}s" for k, v in phases.items()))
-    print(f"teardown after a SIGKILLed rank, to the last process gone: median {result['teardown_median_s']:.2f}s "
-          f"(all: {result['teardown_after_sigkill_s']}; goal <= 1.5 s)")
+    name = "launch.json" if not args.only else f"launch-{args.only}.json"
+    (out / name).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

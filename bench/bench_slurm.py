@@ -5,8 +5,11 @@
 Measures, median of N, on the same 2-node tiny SFT:
   ours:   SlurmLauncher.submit (submitit) -> first training step (heartbeat) and -> COMPLETED
   anchor: a hand-written sbatch + `srun bash -c 'accelerate launch --multi_gpu --machine_rank $SLURM_NODEID ...'`
-and the ratio ours/anchor (goal <= 1.0); plus teardown after a SIGKILLed rank (goal <= 1.5 s):
-kill -> job FAILED and nothing left in the node namespaces.
+and the ratio ours/anchor (goal <= 1.0); plus teardown after a SIGKILLed rank, ours and anchor (goal <= 1.5 s):
+kill -> job FAILED, -> every process of the job gone (SLURM's own slurmstepd not counted), -> nothing at all
+left in the node namespaces (slurmstepd included).
+
+    python bench/bench_slurm.py --only teardown --repeats 3   # one of the two measurements
 """
 
 from __future__ import annotations
@@ -63,19 +66,18 @@ def first_step_and_done(L: SlurmLauncher, h: JobHandle, run_dir: Path, t0: float
         time.sleep(0.05)
 
 
-def ours() -> tuple[float, float]:
-    prep = prepare("ours")
+def submit_ours(*over: str) -> tuple[SlurmLauncher, JobHandle, Path, float]:
+    prep = prepare("ours", *over)
     run_dir = Path(prep.plan.run_dir)
     api.write_files(prep.files, run_dir)
     L = SlurmLauncher(prep.cluster, poll=0.05)
     sub = L.prepare(prep.plan)
     t0 = time.monotonic()
-    h = L.submit(sub)
-    return first_step_and_done(L, h, run_dir, t0)
+    return L, L.submit(sub), run_dir, t0
 
 
-def anchor() -> tuple[float, float]:
-    prep = prepare("anchor")
+def submit_anchor(*over: str) -> tuple[SlurmLauncher, JobHandle, Path, float]:
+    prep = prepare("anchor", *over)
     run_dir = Path(prep.plan.run_dir)
     api.write_files(prep.files, run_dir)
     script = run_dir / "anchor.sbatch"
@@ -86,50 +88,91 @@ def anchor() -> tuple[float, float]:
     jid = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
                          check=True).stdout.strip()
     L = SlurmLauncher(prep.cluster, poll=0.05)
-    return first_step_and_done(L, JobHandle(f"slurm://{jid}", {"run_dir": str(run_dir)}), run_dir, t0)
+    return L, JobHandle(f"slurm://{jid}", {"run_dir": str(run_dir)}), run_dir, t0
 
 
-def teardown_after_kill() -> float:
-    prep = prepare("kill", "trainer.max_steps=100000")
-    run_dir = Path(prep.plan.run_dir)
-    api.write_files(prep.files, run_dir)
-    L = SlurmLauncher(prep.cluster, poll=0.05)
-    h = L.submit(L.prepare(prep.plan))
+def ours() -> tuple[float, float]:
+    L, h, run_dir, t0 = submit_ours()
+    return first_step_and_done(L, h, run_dir, t0)
+
+
+def anchor() -> tuple[float, float]:
+    L, h, run_dir, t0 = submit_anchor()
+    return first_step_and_done(L, h, run_dir, t0)
+
+
+def teardown_after_kill(submit) -> dict[str, float]:
+    """SIGKILL node2's rank mid-training -> the job is terminal (FAILED), every process of the job is gone
+    (SLURM's own slurmstepd not counted), and nothing at all is left in any node namespace."""
+    L, h, run_dir, _ = submit("trainer.max_steps=100000")
     while heartbeat_step(run_dir) < 3:
         time.sleep(0.1)
     pid = None
     for p in subprocess.run(["ip", "netns", "pids", "osl-node2"], capture_output=True, text=True).stdout.split():
-        cmd = Path(f"/proc/{p}/cmdline").read_bytes()
-        if b"recipes.run" in cmd and b"accelerate.commands.launch" not in cmd:
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"recipes.run" in cmd and b"accelerate.commands.launch" not in cmd and b"bash" not in cmd:
             pid = int(p)
     assert pid
     t0 = time.monotonic()
     os.kill(pid, 9)
-    while not L.query(h)["terminal"] or node_namespace_leftovers():
+    state = None
+    job_gone = None
+    last_seen: dict[str, float] = {}  # "ns pid:comm" -> last time seen alive (where the time goes)
+    while True:
+        left = node_namespace_leftovers()
+        now = time.monotonic() - t0
+        for ns, procs in left.items():
+            for p in procs:
+                last_seen[f"{ns[4:]} {p}"] = now
+        if job_gone is None and not any(not p.endswith(":slurmstepd") for procs in left.values() for p in procs):
+            job_gone = now
+        q = L.query(h)
+        if q["terminal"] and state is None:
+            state = (q["state"], time.monotonic() - t0)
+        if state and not left:
+            break
         time.sleep(0.05)
-    return time.monotonic() - t0
+    gone = time.monotonic() - t0
+    slow = sorted(last_seen.items(), key=lambda kv: kv[1])[-4:]
+    print(f"  teardown ({submit.__name__}): {state[0]} after {state[1]:.2f}s, nothing left after {gone:.2f}s; "
+          f"last seen: " + ", ".join(f"{k} {v:.2f}" for k, v in slow), flush=True)
+    assert state[0] == "FAILED", state
+    return {"failed_s": state[1], "job_processes_gone_s": job_gone, "all_gone_s": gone}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--only", choices=("launch", "teardown"), default=None, help="run one of the two measurements")
     args = ap.parse_args()
-    rows = {"ours": [], "anchor": []}
-    for _ in range(args.repeats):
-        rows["ours"].append(ours())
-        rows["anchor"].append(anchor())
-    med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in rows.items()}
-    kill = statistics.median(teardown_after_kill() for _ in range(min(3, args.repeats)))
-    report = {"repeats": args.repeats,
-              "ours_first_step_s": med["ours"][0], "ours_completed_s": med["ours"][1],
-              "anchor_first_step_s": med["anchor"][0], "anchor_completed_s": med["anchor"][1],
-              "ratio_first_step": med["ours"][0] / med["anchor"][0],
-              "ratio_completed": med["ours"][1] / med["anchor"][1],
-              "teardown_after_sigkill_s": kill}
+    report: dict = {"repeats": args.repeats}
+    if args.only != "teardown":
+        rows = {"ours": [], "anchor": []}
+        for _ in range(args.repeats):
+            rows["ours"].append(ours())
+            rows["anchor"].append(anchor())
+        med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in rows.items()}
+        report.update({"ours_first_step_s": med["ours"][0], "ours_completed_s": med["ours"][1],
+                       "anchor_first_step_s": med["anchor"][0], "anchor_completed_s": med["anchor"][1],
+                       "ratio_first_step": med["ours"][0] / med["anchor"][0],
+                       "ratio_completed": med["ours"][1] / med["anchor"][1]})
+    if args.only != "launch":
+        kills = {"ours": [], "anchor": []}
+        for _ in range(args.repeats):  # interleaved
+            kills["ours"].append(teardown_after_kill(submit_ours))
+            kills["anchor"].append(teardown_after_kill(submit_anchor))
+        for what in ("failed_s", "job_processes_gone_s", "all_gone_s"):
+            med = {k: statistics.median(r[what] for r in v) for k, v in kills.items()}
+            report[f"teardown_{what}"] = {**med, "ratio": med["ours"] / med["anchor"]}
+        report["teardown_runs"] = kills
     print(json.dumps(report, indent=2))
     out = REPO / "bench" / "results"
     out.mkdir(exist_ok=True)
-    (out / "bench_slurm.json").write_text(json.dumps(report, indent=2) + "\n")
+    name = "bench_slurm.json" if not args.only else f"bench_slurm-{args.only}.json"
+    (out / name).write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -267,7 +267,9 @@ class SSHLauncher:
     # ------------------------------------------------------------------ submit
     def submit(self, submission: Submission) -> JobHandle:
         sub = submission
+        t0 = time.time()
         pool, probes = self.preflight(sub)
+        timeline = {"submitted": t0, "preflight_done": time.time()}  # connect + probe of every host
         job_id = sub.extra["job_id"]
         shared = sub.extra["shared_fs"]
         local = self._local(sub)
@@ -290,6 +292,7 @@ class SSHLauncher:
                 if errs:
                     h, e = errs[0]
                     raise LaunchError(f"copying the run dir failed: {e}", host=h)
+            timeline["copied"] = time.time()
             secrets = {name: os.environ[name] for n in sub.nodes for name in n.secret_env if name in os.environ}
             for name in DEFAULT_SECRETS:
                 if name in os.environ:
@@ -302,11 +305,13 @@ class SSHLauncher:
                 h, e = errs[0]
                 raise LaunchError(f"starting the node agent failed: {e}", host=h,
                                   argv=list(_node(nodes, h).argv))
+            timeline["agents_exec"] = time.time()
         except BaseException:
             pool.close()
             raise
         self._jobs[job_id] = job
-        return JobHandle(uri=f"ssh://{job_id}", data=self._handle_data(job))
+        logger.debug("submit timeline: %s", {k: round(v - t0, 3) for k, v in timeline.items()})
+        return JobHandle(uri=f"ssh://{job_id}", data={**self._handle_data(job), "timeline": timeline})
 
     @staticmethod
     def _local(sub: Submission) -> Path:
