@@ -93,10 +93,11 @@ def ours(tb, cluster: Path, tmp: Path, i: int, steps: int) -> dict:
     assert res.state == "COMPLETED", res.root_cause
     local = Path(api._home()) / "runs" / prep.plan.job_id
     tl = json.loads((local / "handle.json").read_text())["data"]["timeline"]
-    started = max(json.loads((remote_run_dir(tb, h, prep.plan.job_id) / f"nodes/{r}/agent.json").read_text())["started"]
-                  for r, h in enumerate(tb.hosts[:2]))
+    agents = [json.loads((remote_run_dir(tb, h, prep.plan.job_id) / f"nodes/{r}/agent.json").read_text())
+              for r, h in enumerate(tb.hosts[:2])]
     at = {"planned": tl["submitted"] - t0, "preflight": tl["preflight_done"] - t0, "copied": tl["copied"] - t0,
-          "agents_started": started - t0, **rank_phases(heartbeats(local), t0)}
+          "agents_exec": tl["agents_exec"] - t0, "agents_process": max(a["agent_proc_start"] for a in agents) - t0,
+          "agents_started": max(a["started"] for a in agents) - t0, **rank_phases(heartbeats(local), t0)}
     return {"first_step_s": at["first_step"], "at": at}
 
 

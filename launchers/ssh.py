@@ -1,13 +1,16 @@
 """SSH backend: runs one node agent per host over paramiko, streams its output, fails fast, no orphans.
 
 Owns: `SSHLauncher` (prepare / submit / wait / status / cancel / logs) for `kind: ssh` clusters.
-submit = pre-flight of ALL hosts (nothing starts unless every host passes) -> copy the run dir's
-files to each host (SFTP, 0700/0600; skipped with shared_fs) -> start
-`setsid -w PYTHON -m orchestrator.node_agent RUN_DIR --node-rank R --watch-stdin --secrets-stdin`
-over the pre-flight connections, secrets as one JSON line on its stdin. wait = live output
-(`[host node/R] ...`) to a callback and RUN_DIR/logs/node<R>.log; the first node that fails is the
-root cause and every node's process groups get TERM, then KILL after a grace. If this process dies,
-its connections close, the agents see EOF on stdin and tear their nodes down.
+submit = connect to ALL hosts and exec on each, once,
+`setsid -w PYTHON -m orchestrator.node_agent RUN_DIR --node-rank R --watch-stdin --secrets-stdin ... --probe {...}`:
+the agent pre-flights its host (orchestrator.node_probe), prints the result and waits. Any bad host: every
+channel is closed, the waiting agents see stdin EOF and exit, nothing started anywhere. All good: copy the run
+dir's files to each host (SFTP, 0700/0600; skipped with shared_fs), then send each agent its secrets as one
+JSON line on stdin: that line is the go. (One exec per host instead of a probe exec and a start exec: each
+exec costs a remote login-shell start-up.) wait = live output (`[host node/R] ...`) to a callback and
+RUN_DIR/logs/node<R>.log; the first node that fails is the root cause and every node's process groups get
+TERM, then KILL after a grace. If this process dies, its connections close, the agents see EOF on stdin and
+tear their nodes down.
 """
 
 from __future__ import annotations
@@ -51,9 +54,13 @@ def _get(obj: Any, key: str, default: Any = None) -> Any:
     return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)
 
 
-def agent_argv(python: str, run_dir: str, node_rank: int, module: str = AGENT_MODULE) -> tuple[str, ...]:
-    return ("setsid", "-w", python, "-m", module, run_dir, "--node-rank", str(node_rank),
+def agent_argv(python: str, run_dir: str, node_rank: int, module: str = AGENT_MODULE,
+               probe: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The agent's remote argv. With `probe` ({"workdir", "port", "check"}) it pre-flights its host first, prints
+    the result and starts only when the secrets line arrives (one exec per host for both)."""
+    argv = ("setsid", "-w", python, "-m", module, run_dir, "--node-rank", str(node_rank),
             "--watch-stdin", "--secrets-stdin", "--forward-heartbeats")
+    return argv + (("--probe", json.dumps(probe, sort_keys=True)) if probe is not None else ())
 
 
 def agent_shell(argv: tuple[str, ...]) -> str:
@@ -87,6 +94,7 @@ class _Node:
     exited_at: float | None = None
     exit_record: dict[str, Any] | None = None
     torn_down_at: float | None = None
+    pending: bytes = b""  # output read past the probe line, not yet processed
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -182,7 +190,9 @@ class SSHLauncher:
         for np_ in plan.node_plans:
             host = np_.host or (hosts[np_.node_rank] if np_.node_rank < len(hosts) else "")
             run_dir = plan.run_dir if shared else f"{self._workdir(host)}/runs/{plan.job_id}"
-            argv = agent_argv(python, run_dir, np_.node_rank, self.agent_module)
+            probe = {"workdir": self._workdir(host), "port": int(plan.port) if np_.node_rank == 0 else 0,
+                     "check": f"{run_dir}/plan.json" if shared else ""}
+            argv = agent_argv(python, run_dir, np_.node_rank, self.agent_module, probe)
             nodes.append(NodeCommand(node_rank=np_.node_rank, host=host, argv=argv, env=dict(np_.env),
                                      secret_env=tuple(plan.secret_env)))
             run_dirs[np_.node_rank] = run_dir
@@ -221,9 +231,10 @@ class SSHLauncher:
         return problems
 
     def preflight(self, sub: Submission):
-        """Connect to and probe ALL hosts; raise PreflightError naming each bad host. Returns the pool."""
+        """Connect to ALL hosts and start each one's agent in probe mode: it checks its host, reports, and waits.
+        Any bad host: every agent is told to stand down (stdin EOF, nothing started anywhere) and PreflightError
+        names each bad host. Returns (pool, {host: {"probe", "chan", "wrapper_pid", "rest"}})."""
         from launchers.ssh_transport import HostError, Pool, SSHOptions
-        from launchers.ssh_remote import PREFLIGHT, parse_preflight, preflight_command
 
         problems = self._static_problems(sub)
         if problems:
@@ -235,23 +246,18 @@ class SSHLauncher:
         except ValueError as e:
             raise PreflightError(Problem("ssh.key", str(e))) from None
         by_host = {n.host: n for n in sub.nodes}
-        main_host = sub.nodes[0].host
         python = sub.extra["python"]
-        shared = sub.extra["shared_fs"]
+        chans: dict[str, Any] = {}
 
         def probe(host: str) -> dict[str, Any]:
             conn = pool.connect(host)
-            n = by_host[host]
-            port = int(sub.extra["port"]) if host == main_host else 0
-            check = f"{sub.extra['remote_run_dirs'][n.node_rank]}/plan.json" if shared else ""
-            rc, out, err = conn.run(preflight_command(python, self._workdir(host), port, check),
-                                    stdin=PREFLIGHT.encode())
-            res, why = parse_preflight(python, rc, out, err)
-            if why:
-                raise HostError(host, why)
-            if res["problems"]:
-                raise HostError(host, "; ".join(res["problems"]))
-            return res
+            chan = chans[host] = conn.open(agent_shell(by_host[host].argv), combine_stderr=True)
+            out = _await_probe(chan, python, max(conn.timeout, 30.0))
+            if out.get("why"):
+                raise HostError(host, out["why"])
+            if out["probe"]["problems"]:
+                raise HostError(host, "; ".join(out["probe"]["problems"]))
+            return dict(out, chan=chan)
 
         results = pool.map(probe, list(by_host))
         for host, res in results.items():
@@ -260,6 +266,8 @@ class SSHLauncher:
             elif isinstance(res, Exception):
                 problems.append(Problem(host, f"{type(res).__name__}: {res}"))
         if problems:
+            for chan in chans.values():
+                _close(chan)  # stdin EOF: every waiting agent exits without starting anything
             pool.close()
             raise PreflightError(problems)
         return pool, results
@@ -269,7 +277,7 @@ class SSHLauncher:
         sub = submission
         t0 = time.time()
         pool, probes = self.preflight(sub)
-        timeline = {"submitted": t0, "preflight_done": time.time()}  # connect + probe of every host
+        timeline = {"submitted": t0, "preflight_done": time.time()}  # connect + agents probing every host
         job_id = sub.extra["job_id"]
         shared = sub.extra["shared_fs"]
         local = self._local(sub)
@@ -277,11 +285,12 @@ class SSHLauncher:
         for n in sub.nodes:
             run_dir = sub.extra["remote_run_dirs"][n.node_rank]
             wd = self._workdir(n.host)
-            real = probes[n.host].get("workdir") or wd
+            real = probes[n.host]["probe"].get("workdir") or wd
             if not shared and run_dir.startswith(wd):  # "~" etc. resolved by the host itself
                 run_dir = real + run_dir[len(wd):]
-            nodes.append(_Node(rank=n.node_rank, host=n.host, run_dir=run_dir,
-                               argv=agent_argv(sub.extra["python"], run_dir, n.node_rank, self.agent_module)))
+            nodes.append(_Node(rank=n.node_rank, host=n.host, run_dir=run_dir, argv=tuple(n.argv),
+                               chan=probes[n.host]["chan"], wrapper_pid=probes[n.host]["wrapper_pid"],
+                               pending=probes[n.host]["rest"]))
         job = _Job(job_id, local, nodes, pool, shared)
         (local / "logs").mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
@@ -307,6 +316,8 @@ class SSHLauncher:
                                   argv=list(_node(nodes, h).argv))
             timeline["agents_exec"] = time.time()
         except BaseException:
+            for n in nodes:
+                _close(n.chan)
             pool.close()
             raise
         self._jobs[job_id] = job
@@ -358,8 +369,7 @@ class SSHLauncher:
                     fh.write(f.read_bytes())
 
     def _start(self, job: _Job, node: _Node, secrets_line: bytes) -> None:
-        conn = job.pool.conns[node.host]
-        node.chan = conn.open(agent_shell(node.argv), combine_stderr=True)
+        """Go: the agent waiting since its probe gets the secrets line and starts the launch."""
         node.chan.sendall(secrets_line)  # stdin stays open: its EOF tells the agent to tear down
         threading.Thread(target=self._pump, args=(job, node), daemon=True,
                          name=f"ssh-node{node.rank}").start()
@@ -367,7 +377,7 @@ class SSHLauncher:
     def _pump(self, job: _Job, node: _Node) -> None:
         fd = os.open(job.local_run_dir / "logs" / f"node{node.rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         log = os.fdopen(fd, "ab", buffering=0)
-        buf = b""
+        buf = node.pending  # what arrived after the probe line
         quiet_since = None
         try:
             node.chan.settimeout(0.2)
@@ -722,3 +732,44 @@ def _rank(nodes: list[_Node], host: str) -> int:
 
 def _by_rank(nodes: list[_Node], rank: int) -> _Node:
     return next(n for n in nodes if n.rank == rank)
+
+
+def _close(chan: Any) -> None:
+    try:
+        if chan is not None:
+            chan.close()
+    except Exception:  # noqa: BLE001 - connection already gone
+        pass
+
+
+def _await_probe(chan: Any, python: str, timeout: float) -> dict[str, Any]:
+    """Read an agent's output up to its `ORCHESTRATE_PROBE {json}` line: {"probe", "wrapper_pid", "rest"}, or
+    {"why": one-line cause} when it ended (or went quiet) without one."""
+    from launchers.ssh_remote import probe_failure
+    from orchestrator.node_probe import PROBE_MARK
+    chan.settimeout(timeout)
+    buf, wrapper, seen = b"", None, []
+    try:
+        while True:
+            data = chan.recv(65536)
+            if not data:
+                break
+            buf += data
+            while b"\n" in buf:
+                raw, buf = buf.split(b"\n", 1)
+                text = raw.decode(errors="replace").strip()
+                if text.startswith(WRAPPER_MARK):
+                    try:
+                        wrapper = int(text[len(WRAPPER_MARK):])
+                    except ValueError:
+                        pass
+                elif text.startswith(PROBE_MARK):
+                    try:
+                        return {"probe": json.loads(text[len(PROBE_MARK):]), "wrapper_pid": wrapper, "rest": buf}
+                    except ValueError:
+                        return {"why": f"pre-flight probe with {python!r} printed a malformed result: {text[:200]}"}
+                elif text:
+                    seen.append(text)
+    except socket.timeout:
+        return {"why": f"no pre-flight answer from {python!r} within {timeout:.0f}s"}
+    return {"why": probe_failure(python, chan.recv_exit_status(), "\n".join(seen + [buf.decode(errors="replace")]))}

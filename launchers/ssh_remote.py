@@ -1,4 +1,4 @@
-"""Fixed remote programs of the SSH backend (pre-flight probe, teardown) and how they are invoked.
+"""Fixed remote programs of the SSH backend (teardown, scan), how they are invoked, and reading a failed probe.
 
 Owns the text that runs on the remote hosts besides the node agent. Nothing here contains user data:
 the programs are constants, their arguments go through `remote_command` (shlex-quoted argv).
@@ -6,66 +6,22 @@ the programs are constants, their arguments go through `remote_command` (shlex-q
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from launchers.ssh_transport import remote_command
 
-# Runs as `PYTHON - WORKDIR PORT CHECK_FILE` with this text on stdin; prints one JSON object.
-PREFLIGHT = r"""
-import importlib, importlib.util, json, os, socket, sys, tempfile
-workdir, port, check_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-r = {"python": sys.executable, "version": sys.version.split()[0], "problems": []}
-for mod in ("orchestrator", "accelerate"):
-    try:
-        if mod == "orchestrator":
-            importlib.import_module(mod)
-        elif importlib.util.find_spec(mod) is None:
-            raise ImportError("not installed")
-    except Exception as e:
-        r["problems"].append("remote python %s cannot import %s (%s)" % (sys.executable, mod, e))
-try:
-    wd = os.path.realpath(os.path.expanduser(workdir))
-    os.makedirs(wd, mode=0o700, exist_ok=True)
-    fd, probe = tempfile.mkstemp(prefix=".probe-", dir=wd)
-    os.close(fd)
-    os.unlink(probe)
-    r["workdir"] = wd
-except OSError as e:
-    r["problems"].append("workdir %s not writable (%s)" % (workdir, e.strerror or e))
-if port:
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("", port))
-    except OSError as e:
-        r["problems"].append("main port %d is in use on the main node (%s)" % (port, e.strerror or e))
-    finally:
-        s.close()
-if check_file and not os.path.isfile(check_file):
-    r["problems"].append("shared_fs: %s is not visible on this host" % check_file)
-print(json.dumps(r))
-"""
-
-
-def preflight_command(python: str, workdir: str, port: int, check_file: str = "") -> str:
-    return remote_command([python, "-", workdir, str(port), check_file])
-
-
-def parse_preflight(python: str, rc: int, out: bytes, err: bytes) -> tuple[dict[str, Any] | None, str | None]:
-    """(probe result, None) or (None, one-line cause)."""
-    tail = err.decode(errors="replace").strip().splitlines()
+def probe_failure(python: str, rc: int, output: str) -> str:
+    """One-line cause for an agent that ended without printing its probe result (`output`: what it printed)."""
+    tail = output.strip().splitlines()
     last = tail[-1] if tail else ""
+    missing = next((line for line in tail if "No module named" in line), "")
     if rc == 127:
-        return None, f"remote python {python!r} not found ({last})" if last else f"remote python {python!r} not found"
+        return f"remote python {python!r} not found ({last})" if last else f"remote python {python!r} not found"
     if rc == 126:
-        return None, f"remote python {python!r} is not executable ({last})"
+        return f"remote python {python!r} is not executable ({last})"
+    if missing:
+        return f"remote python {python!r} cannot import orchestrator ({missing.split(': ', 1)[-1]})"
     if rc != 0:
-        return None, f"pre-flight probe with {python!r} failed, exit {rc}: {last}"
-    try:
-        return json.loads(out.decode().strip().splitlines()[-1]), None
-    except (ValueError, IndexError):
-        return None, f"pre-flight probe with {python!r} printed no result: {last}"
+        return f"pre-flight probe with {python!r} failed, exit {rc}: {last}"
+    return f"pre-flight probe with {python!r} printed no result: {last}"
 
 
 # Runs as `sh -c TEARDOWN teardown WRAPPER_PID GRACE_S PGID...` (dash: no `kill --`): TERM (+CONT, so stopped processes

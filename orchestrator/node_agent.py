@@ -25,8 +25,8 @@ from pathlib import Path
 
 from orchestrator.hostlist import first_host
 from orchestrator.jobplan import LATE_MAIN_IP, LaunchPlan
-from orchestrator.proctools import (TOKEN_VAR, alive, group_members, kill_group, kill_marked, marked, signal_group,
-                                   signal_pids)
+from orchestrator.proctools import (TOKEN_VAR, alive, group_members, kill_group, kill_marked, marked,
+                                   process_start_time, signal_group, signal_pids)
 
 RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
 NODELIST_ENV = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -132,6 +132,7 @@ class Agent:
         write_json(self.node_dir / "agent.json", {
             "agent_pid": os.getpid(), "agent_pgid": os.getpgrp(), "pid": self.proc.pid, "pgid": self.proc.pid,
             "host": socket.gethostname(), "node_rank": self.rank, "main_ip": self.main_ip, "started": time.time(),
+            "agent_proc_start": process_start_time(),
             "token": self.token})
         if self.stopping.is_set():  # a signal raced the start
             self.stopping.clear()
@@ -310,13 +311,14 @@ def _child_setup() -> None:
         pass
 
 
-def read_secrets_line() -> dict[str, str]:
-    """One JSON line from fd 0, read byte-wise so nothing after it is swallowed by a buffer."""
+def read_secrets_line() -> dict[str, str] | None:
+    """One JSON line from fd 0, read byte-wise so nothing after it is swallowed by a buffer; None on EOF before
+    a complete line (with --probe: the submitter called the start off)."""
     buf = bytearray()
     while not buf.endswith(b"\n"):
         b = os.read(0, 1)
         if not b:
-            break
+            return None
         buf += b
     line = bytes(buf)
     if not line.strip():
@@ -393,17 +395,31 @@ def main(argv: list[str] | None = None) -> int:
                     "py-spy stacks in RUN_DIR/stacks/ (hang diagnosis), then exit")
     ap.add_argument("--forward-heartbeats", action="store_true",
                     help="print the ranks' heartbeats on stdout as ORCHESTRATE_HB lines")
+    ap.add_argument("--probe", metavar="JSON", default=None,
+                    help='pre-flight first ({"workdir", "port", "check"}, see orchestrator.node_probe): print '
+                         "the result, then start only when a line arrives on stdin (EOF: exit, nothing started)")
     args = ap.parse_args(argv)
+    if args.probe is not None:
+        from orchestrator.node_probe import PROBE_MARK, probe
+        spec = json.loads(args.probe)
+        res = probe(str(spec.get("workdir", ".")), int(spec.get("port", 0)), str(spec.get("check", "")))
+        print(PROBE_MARK + json.dumps(res), flush=True)
+        if res["problems"]:
+            return 2
     run_dir = Path(args.run_dir).expanduser().resolve()
     if args.kill:
         return kill_node(run_dir, args.node_rank, args.grace)
     if args.diagnose:
         return diagnose_node(run_dir, args.node_rank)
     try:
+        secrets = read_secrets_line() if args.secrets_stdin or args.probe is not None else {}
+        if secrets is None:
+            if args.probe is not None:
+                return 0  # the start was called off (another host failed its pre-flight)
+            secrets = {}
         plan = LaunchPlan.from_json((run_dir / "plan.json").read_text())
         rank = bind_rank(args.node_rank, dict(os.environ), plan.nodes)
         main_ip = bind_main_ip(args.main_ip, plan.main_host, dict(os.environ))
-        secrets = read_secrets_line() if args.secrets_stdin else {}
     except (AgentError, OSError, ValueError, KeyError) as e:
         print(f"orchestrate node agent: {e}", file=sys.stderr)
         return 2

@@ -71,6 +71,19 @@ def kill_group(pgid: int, grace: float = 5.0, poll: float = 0.05) -> float:
     return time.monotonic() - t0
 
 
+def process_start_time(pid: int | str = "self") -> float | None:
+    """Wall-clock time the kernel created `pid`: its start in clock ticks after boot, against /proc/uptime (10 ms
+    resolution; /proc/stat's btime is whole seconds)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def zombie_exit_status(pid: int) -> int | None:
     """The exit status of a process that has exited but is not reaped yet (a zombie), as subprocess reports it
     (-N killed by signal N, else the exit code); None when it is running or already reaped. /proc/PID/stat field

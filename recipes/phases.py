@@ -15,18 +15,7 @@ import os
 import socket
 import time
 
-
-def process_start_time(pid: int | str = "self") -> float | None:
-    """Wall-clock time the kernel created `pid`: its start in clock ticks after boot, against /proc/uptime (10 ms
-    resolution; /proc/stat's btime is whole seconds)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as fh:
-            uptime = float(fh.read().split()[0])
-        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return None
+from orchestrator.proctools import process_start_time
 
 
 def mark(event: str, **extra) -> None:

@@ -24,6 +24,22 @@ SLEEP = ("sleep", "60")
 def _nothing_started(testbed, jid):
     for h in testbed.hosts:
         assert not remote_run_dir(testbed, h, jid).exists(), f"something was started on {h}"
+    # the agents of the good hosts probed, then waited for a go that never came: they must be gone
+    deadline = time.monotonic() + 5
+    while True:
+        waiting = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(int(p), jid.encode())]
+        if not waiting:
+            break
+        assert time.monotonic() < deadline, f"agents of job {jid} still waiting after a refused pre-flight: {waiting}"
+        time.sleep(0.05)
+
+
+def _cmdline_has(pid: int, needle: bytes) -> bool:
+    try:
+        return needle in Path(f"/proc/{pid}/cmdline").read_bytes() and Path(f"/proc/{pid}/stat").read_text(
+        ).rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _expect_preflight(testbed, launcher, sub, plan, *needles):
@@ -88,6 +104,13 @@ def test_preflight_missing_remote_python(testbed, trivial_job):
     launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, python="/nonexistent/python3")
     _expect_preflight(testbed, launcher, sub, plan, testbed.hosts[0], testbed.hosts[1],
                       "remote python '/nonexistent/python3' not found")
+
+
+def test_preflight_remote_python_without_orchestrator(testbed, trivial_job):
+    """A python that exists but lacks the package: named as such, on every host, before anything starts."""
+    launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, python="/usr/bin/python3")
+    _expect_preflight(testbed, launcher, sub, plan, testbed.hosts[0], testbed.hosts[1],
+                      "remote python '/usr/bin/python3' cannot import orchestrator")
 
 
 # ------------------------------------------------------------------------------------ running
