@@ -269,6 +269,41 @@ def test_sft_hung_rank_detected_inside_the_allocation(slurm_cluster):
     assert wait_clean(10) == {}, node_namespace_leftovers()
 
 
+@pytest.mark.health
+def test_sft_hang_then_restart_in_a_new_allocation_resumes(slurm_cluster, tmp_path, monkeypatch):
+    """health.max_restarts=1 on SLURM: a SIGSTOPped rank is detected as a hang inside the allocation, the job
+    ends FAILED, `submit` asks SLURM for a NEW allocation (a new job id) and training resumes from the last
+    checkpoint to the end; the restart and its reason are in the job record."""
+    from orchestrator import api
+    from orchestrator.store import JobStore
+    monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path / "home"))
+    prep = _prepare_sft("restart", "trainer.max_steps=300", "trainer.save_strategy=steps", "trainer.save_steps=10",
+                        "health.stall_timeout=8", "health.poll_interval=0.5", "health.max_restarts=1")
+    run_dir = Path(prep.plan.run_dir)
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.update(r=api.submit(prep)), daemon=True)
+    t.start()
+    wait_until(lambda: heartbeat_step(run_dir) >= 25, 180, "training to pass its checkpoint at step 20")
+    first_job = (run_dir / "slurm_job_id").read_text().strip()
+    pid = wait_until(lambda: _rank_pid("osl-node2"), 10, "the rank process on node2")
+    os.kill(pid, signal.SIGSTOP)
+    t.join(400)
+    res = box["r"]
+    assert res.state == "COMPLETED", res
+    assert res.restarts == 1
+    second_job = (run_dir / "slurm_job_id").read_text().strip()
+    assert second_job != first_job, "the restart did not get a new allocation"
+    r = _result(str(run_dir))
+    m = re.search(r"checkpoint-(\d+)", str(r["resumed_from"]))
+    assert m and int(m.group(1)) >= 20, r["resumed_from"]
+    assert r["global_step"] == 300
+    rec = JobStore().get(prep.plan.job_id)
+    assert rec.state == "COMPLETED" and rec.restarts == 1, rec
+    history = " ".join(str(e) for e in JobStore().events(prep.plan.job_id))
+    assert "RESTARTING" in history and "hung" in history, history
+    assert wait_clean(10) == {}, node_namespace_leftovers()
+
+
 def test_sft_scontrol_requeue_checkpoints_and_resumes(slurm_cluster):
     """`scontrol requeue` (what preemption with PreemptMode=REQUEUE does): the ranks get SIGTERM, save a
     checkpoint, the job runs again and resumes from it (asserted on the global step)."""
