@@ -6,7 +6,7 @@
 - dead rank: one rank SIGKILLed -> job FAILED returned and -> every process gone;
 - monitoring overhead: the tiny SFT recipe's train_runtime with heartbeats on vs off (same process count).
 
-    python bench/bench_health.py [--repeat 5] [--stall 3]
+    python bench/bench_health.py [--repeat 5] [--stall 3] [--steps 200] [--only faults|overhead]
 
 Writes bench/results/health.json.
 """
@@ -67,11 +67,11 @@ def one(tmp: Path, i: int, sig: int, stall: float) -> dict:
     return r
 
 
-def overhead(tmp: Path, on: bool, i: int) -> float:
+def overhead(tmp: Path, on: bool, i: int, steps: int) -> float:
     cfg = tmp / f"over-{on}-{i}.yaml"
     import yaml
     recipe = yaml.safe_load((REPO / "recipes/configs/sft_tiny.yaml").read_text())
-    recipe["trainer"].update(max_steps=40, logging_steps=1, output_dir=str(tmp / f"o-{on}-{i}"))
+    recipe["trainer"].update(max_steps=steps, logging_steps=1, output_dir=str(tmp / f"o-{on}-{i}"))
     recipe["data"]["path"] = str(REPO / recipe["data"]["path"])
     recipe["checkpoint"]["resume"] = "never"
     cfg.write_text(yaml.safe_dump(recipe))
@@ -89,38 +89,48 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--stall", type=float, default=3.0)
+    ap.add_argument("--steps", type=int, default=200, help="steps per overhead run (longer: less noise)")
+    ap.add_argument("--only", choices=("faults", "overhead"), default=None)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-health-"))
     os.environ["ORCHESTRATE_HOME"] = str(tmp / "home")
-    hangs = [one(tmp, i, signal.SIGSTOP, args.stall) for i in range(args.repeat)]
-    kills = [one(tmp, i, signal.SIGKILL, 60) for i in range(args.repeat)]
-    runs = {True: [], False: []}
-    for i in range(args.repeat):  # interleaved on/off
-        for on in (False, True):
-            runs[on].append(overhead(tmp, on, i))
     med = statistics.median
-    result = {
-        "stall_timeout_s": args.stall,
-        "hang_decided_s": round(med(h["decided_s"] for h in hangs), 3),
-        "hang_all_gone_s": round(med(h["all_gone_s"] for h in hangs), 3),
-        "dead_rank_failed_s": round(med(k["returned_s"] for k in kills), 3),
-        "dead_rank_all_gone_s": round(med(k["all_gone_s"] for k in kills), 3),
-        "train_runtime_heartbeats_on_s": round(med(runs[True]), 3),
-        "train_runtime_heartbeats_off_s": round(med(runs[False]), 3),
-        "runs": {"hangs": hangs, "kills": kills, "on": runs[True], "off": runs[False]},
-    }
-    result["heartbeat_overhead_pct"] = round(100 * (result["train_runtime_heartbeats_on_s"] /
-                                                     result["train_runtime_heartbeats_off_s"] - 1), 2)
+    result: dict = {"repeat": args.repeat}
+    if args.only != "overhead":
+        hangs = [one(tmp, i, signal.SIGSTOP, args.stall) for i in range(args.repeat)]
+        kills = [one(tmp, i, signal.SIGKILL, 60) for i in range(args.repeat)]
+        result.update({
+            "stall_timeout_s": args.stall,
+            "hang_decided_s": round(med(h["decided_s"] for h in hangs), 3),
+            "hang_all_gone_s": round(med(h["all_gone_s"] for h in hangs), 3),
+            "dead_rank_failed_s": round(med(k["returned_s"] for k in kills), 3),
+            "dead_rank_all_gone_s": round(med(k["all_gone_s"] for k in kills), 3),
+            "fault_runs": {"hangs": hangs, "kills": kills}})
+        print(f"hang (SIGSTOP, stall_timeout {args.stall:g}s), median of {args.repeat}: decided after "
+              f"{result['hang_decided_s']:.2f}s, every process gone after {result['hang_all_gone_s']:.2f}s")
+        print(f"dead rank (SIGKILL): job FAILED after {result['dead_rank_failed_s']:.2f}s, every process gone "
+              f"after {result['dead_rank_all_gone_s']:.2f}s")
+    if args.only != "faults":
+        runs = {True: [], False: []}
+        for i in range(args.repeat):  # interleaved pairs: drift hits both alike
+            for on in ((False, True) if i % 2 == 0 else (True, False)):
+                runs[on].append(overhead(tmp, on, i, args.steps))
+        pairs = [a / b - 1 for a, b in zip(runs[True], runs[False])]
+        result.update({
+            "steps": args.steps,
+            "train_runtime_heartbeats_on_s": round(med(runs[True]), 3),
+            "train_runtime_heartbeats_off_s": round(med(runs[False]), 3),
+            "heartbeat_overhead_pct": round(100 * (med(runs[True]) / med(runs[False]) - 1), 2),
+            "heartbeat_overhead_pct_median_of_pairs": round(100 * med(pairs), 2),
+            "overhead_runs": {"on": runs[True], "off": runs[False]}})
+        print(f"heartbeats on/off, train_runtime of {args.steps} steps (median of {args.repeat}): "
+              f"{result['train_runtime_heartbeats_on_s']:.2f}s / {result['train_runtime_heartbeats_off_s']:.2f}s "
+              f"({result['heartbeat_overhead_pct']:+.2f}%; median of paired runs "
+              f"{result['heartbeat_overhead_pct_median_of_pairs']:+.2f}%)")
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "health.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"hang (SIGSTOP, stall_timeout {args.stall:g}s), median of {args.repeat}: decided after "
-          f"{result['hang_decided_s']:.2f}s, every process gone after {result['hang_all_gone_s']:.2f}s")
-    print(f"dead rank (SIGKILL): job FAILED after {result['dead_rank_failed_s']:.2f}s, every process gone after "
-          f"{result['dead_rank_all_gone_s']:.2f}s")
-    print(f"heartbeats on/off, train_runtime of 40 steps: {result['train_runtime_heartbeats_on_s']:.2f}s / "
-          f"{result['train_runtime_heartbeats_off_s']:.2f}s ({result['heartbeat_overhead_pct']:+.2f}%; noise on a "
-          "2-core machine is larger than the effect: the recipe's self-timing is the precise number)")
+    (out / ("health.json" if not args.only else f"health-{args.only}.json")).write_text(
+        json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from orchestrator.hostlist import first_host
 from orchestrator.jobplan import LATE_MAIN_IP, LaunchPlan
-from orchestrator.proctools import (TOKEN_VAR, alive, group_members, kill_group, kill_marked, marked,
+from orchestrator.proctools import (TOKEN_VAR, alive, group_members, kill_group, kill_marked, marked, marked_ranks,
                                    process_start_time, signal_group, signal_pids)
 
 RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
@@ -164,6 +164,8 @@ class Agent:
         def escalate() -> None:
             deadline = time.monotonic() + self.grace
             while time.monotonic() < deadline and (group_members(pgid) or marked(self.token)):
+                if not marked_ranks(self.token):
+                    break  # every rank is gone (saved or not): the launcher has nothing left to wait for
                 time.sleep(0.05)
             signal_group(pgid, signal.SIGKILL)
             signal_pids(marked(self.token), signal.SIGKILL)
@@ -229,7 +231,7 @@ class Agent:
         the shared heartbeats; on a hang it notes which of ITS ranks are stopped, keeps their stacks, and stops
         its launch with exit code 124; `srun --kill-on-bad-exit` then ends every node."""
         from orchestrator.health import HealthMonitor, HeartbeatTail
-        from orchestrator.proctools import marked_ranks, state
+        from orchestrator.proctools import state
         health = self.plan.health
         mon = HealthMonitor(health, self.plan.world_size, started=time.time())
         tail = HeartbeatTail(self.run_dir / "heartbeats")
@@ -368,7 +370,7 @@ def kill_node(run_dir: Path, rank: int | None, grace: float) -> int:
 def diagnose_node(run_dir: Path, rank: int | None, stacks: bool = True) -> int:
     """Print one JSON line per node: each rank's pid and /proc state (T = stopped), and keep py-spy stacks in
     RUN_DIR/stacks/. Run on the node (over SSH) when the monitor sees a hang, before the teardown."""
-    from orchestrator.proctools import marked_ranks, state
+    from orchestrator.proctools import state
     for r, info in recorded_agents(run_dir, rank):
         pids = marked_ranks(str(info.get("token")))
         out = {"node_rank": r, "ranks": {str(g): {"pid": pid, "state": state(pid)} for g, pid in sorted(pids.items())}}
