@@ -54,7 +54,23 @@ def prepare(tag: str, *over: str):
                                                      *over])
 
 
-def first_step_and_done(L: SlurmLauncher, h: JobHandle, run_dir: Path, t0: float) -> tuple[float, float]:
+def phases(run_dir: Path, t0_wall: float) -> dict[str, float]:
+    """When rank 0's process existed, booted, had its process group, began training and stepped (s after sbatch)."""
+    out: dict[str, float] = {}
+    try:
+        recs = [json.loads(x) for x in (run_dir / "heartbeats" / "rank0.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return out
+    for r in recs:
+        if r.get("event") == "boot" and r.get("proc_start"):
+            out.setdefault("rank_process", r["proc_start"] - t0_wall)
+        if r.get("event") in ("boot", "dist", "start", "step"):
+            out.setdefault({"start": "train_begin", "step": "first_step"}.get(r["event"], r["event"]), r["t"] - t0_wall)
+    return out
+
+
+def first_step_and_done(L: SlurmLauncher, h: JobHandle, run_dir: Path, t0: float) -> tuple[float, float, dict]:
+    t0_wall = time.time() - (time.monotonic() - t0)
     first = None
     while True:
         if first is None and heartbeat_step(run_dir) >= 1:
@@ -62,7 +78,7 @@ def first_step_and_done(L: SlurmLauncher, h: JobHandle, run_dir: Path, t0: float
         q = L.query(h)
         if q["terminal"]:
             assert q["state"] == "COMPLETED", q
-            return first or float("nan"), time.monotonic() - t0
+            return first or float("nan"), time.monotonic() - t0, phases(run_dir, t0_wall)
         time.sleep(0.05)
 
 
@@ -91,12 +107,12 @@ def submit_anchor(*over: str) -> tuple[SlurmLauncher, JobHandle, Path, float]:
     return L, JobHandle(f"slurm://{jid}", {"run_dir": str(run_dir)}), run_dir, t0
 
 
-def ours() -> tuple[float, float]:
+def ours() -> tuple[float, float, dict]:
     L, h, run_dir, t0 = submit_ours()
     return first_step_and_done(L, h, run_dir, t0)
 
 
-def anchor() -> tuple[float, float]:
+def anchor() -> tuple[float, float, dict]:
     L, h, run_dir, t0 = submit_anchor()
     return first_step_and_done(L, h, run_dir, t0)
 
@@ -155,6 +171,8 @@ def main() -> None:
             rows["ours"].append(ours())
             rows["anchor"].append(anchor())
         med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in rows.items()}
+        report["phases_median_s_after_sbatch"] = {
+            k: {p: round(statistics.median(x[2][p] for x in v if p in x[2]), 3) for p in v[0][2]} for k, v in rows.items()}
         report.update({"ours_first_step_s": med["ours"][0], "ours_completed_s": med["ours"][1],
                        "anchor_first_step_s": med["anchor"][0], "anchor_completed_s": med["anchor"][1],
                        "ratio_first_step": med["ours"][0] / med["anchor"][0],

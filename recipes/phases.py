@@ -23,7 +23,8 @@ def mark(event: str, **extra) -> None:
     if not d:
         return
     rank = int(os.environ.get("RANK", "0"))
-    rec = {"t": time.time(), "rank": rank, "host": socket.gethostname(), "step": 0, "event": event, **extra}
+    rec = {"t": time.time(), "rank": rank, "host": socket.gethostname(), "step": 0, "max_steps": 0, "loss": None,
+           "tokens": None, "event": event, **extra}  # the heartbeat contract's fields (docs/CONTRACT.md)
     try:
         os.makedirs(d, exist_ok=True)
         fd = os.open(os.path.join(d, f"rank{rank}.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -24,7 +24,8 @@ def test_sft_trains_and_writes_heartbeats(recipe_cfg, tmp_path, monkeypatch):
     lines = [json.loads(x) for x in (hb / "rank0.jsonl").read_text().splitlines()]
     assert all(set(r) == CONTRACT_FIELDS for r in lines)
     events = [r["event"] for r in lines]
-    assert events[0] == "start" and events[-1] == "end" and events.count("step") == 30
+    assert events[0] == "dist" and lines[0]["step"] == 0  # start-up phase mark (in-process: no "boot")
+    assert events[1] == "start" and events[-1] == "end" and events.count("step") == 30
     steps = [r for r in lines if r["event"] == "step"]
     assert [r["step"] for r in steps] == list(range(1, 31)) and all(r["max_steps"] == 30 for r in steps)
     assert steps[-1]["tokens"] == res["tokens"] > 0 and isinstance(steps[0]["loss"], float)
