@@ -56,13 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print(RESULT_PREFIX + json.dumps(result, default=str), flush=True)
     shutdown_distributed()
     sig = result.get("preempted_signal")
-    if sig:
-        # Preempted: the checkpoint is saved and the group is down. Leave without interpreter finalization, which
-        # restores default signal handlers: the launcher's own TERM arriving then would end us with -15, not 143.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(128 + int(sig))
-    return 0
+    return 128 + int(sig) if sig else 0  # preempted: saved and stopped, not finished
 
 
 def shutdown_distributed() -> None:
@@ -79,5 +73,21 @@ def shutdown_distributed() -> None:
             dist.destroy_process_group()
 
 
+def leave(code: int) -> None:
+    """Exit without interpreter finalization once the work is done and saved. Finalization sometimes aborts the
+    process after a good run ("terminate called without an active exception", SIGABRT: a C++ thread of torch's
+    distributed stack destroyed while joinable), which fails a finished job; and it restores default signal
+    handlers, so a launcher's TERM arriving then ends a preempted rank with -15 instead of 143. atexit handlers
+    (trackers such as wandb finishing their run) still run first."""
+    import atexit
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())
