@@ -106,7 +106,7 @@ class LocalLauncher:
                         monitor.feed(rec, now)
                     stalls = monitor.stalls(now) if failed_rank is None and hang is None else []
                     if stalls:
-                        hang = describe_hang(run_dir, plan, stalls)
+                        hang = describe_hang(run_dir, plan, stalls, monitor)
                         self._teardown(run_dir)
                 time.sleep(poll)
         except KeyboardInterrupt:

@@ -186,7 +186,7 @@ class SSHLauncher:
         shared = bool(_get(self.ssh, "shared_fs", False))
         python = str(_get(self.ssh, "python", "python3"))
         hosts = self._hosts()
-        nodes, copies, shells, run_dirs = [], {}, {}, {}
+        nodes, copies, run_dirs = [], {}, {}
         for np_ in plan.node_plans:
             host = np_.host or (hosts[np_.node_rank] if np_.node_rank < len(hosts) else "")
             run_dir = plan.run_dir if shared else f"{self._workdir(host)}/runs/{plan.job_id}"
@@ -197,9 +197,8 @@ class SSHLauncher:
                                      secret_env=tuple(plan.secret_env)))
             run_dirs[np_.node_rank] = run_dir
             copies[np_.node_rank] = [] if shared else ["recipe.yaml", "plan.json", f"nodes/{np_.node_rank}/"]
-            shells[np_.node_rank] = agent_shell(argv)
         extra = {"job_id": plan.job_id, "local_run_dir": self.local_run_dir or (plan.run_dir if shared else None), "main_host": plan.main_host, "port": plan.port, "shared_fs": shared,
-                 "python": python, "remote_run_dirs": run_dirs, "copy": copies, "remote_shell": shells,
+                 "python": python, "remote_run_dirs": run_dirs, "copy": copies,
                  "ssh": {"port": _get(self.ssh, "port", 22), "user": _get(self.ssh, "user"),
                          "strict_host_keys": _get(self.ssh, "strict_host_keys", True)}}
         return Submission(kind="ssh", run_dir=plan.run_dir, nodes=tuple(nodes), files={}, extra=extra)

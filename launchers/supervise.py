@@ -88,12 +88,15 @@ def root_cause_text(node: NodeExit) -> str:
     return f"{who} failed: {detail}" + (" | last lines: " + " / ".join(s.strip()[:200] for s in last) if last else "")
 
 
-def describe_hang(run_dir, plan, stalls) -> str:
-    """Name the hung rank (a stopped process beats the longest-silent one), keep py-spy stacks of every
-    local rank in RUN_DIR/stacks/, and return the root-cause line. Only sees this machine's processes."""
+def describe_hang(run_dir, plan, stalls, monitor) -> str:
+    """Name the hung rank (`HealthMonitor.culprit`: a stopped process beats the longest-silent one), keep py-spy
+    stacks of every local rank in RUN_DIR/stacks/, and return the root-cause line. Only sees this machine's
+    processes."""
     import json
+    import time
     from pathlib import Path
-    from orchestrator.proctools import dump_stack, marked_ranks, state
+    from orchestrator.node_agent import keep_stacks
+    from orchestrator.proctools import marked_ranks, state
     run_dir = Path(run_dir)
     pids: dict[int, int] = {}
     for node in plan.node_plans:
@@ -102,21 +105,8 @@ def describe_hang(run_dir, plan, stalls) -> str:
             pids.update(marked_ranks(str(info["token"])))
         except (OSError, ValueError, KeyError):
             continue
-    culprit = stalls[0]
-    stopped = [r for r, pid in sorted(pids.items()) if state(pid) == "T"]
-    if stopped:
-        match = [s for s in stalls if s.rank == stopped[0]]
-        culprit = match[0] if match else culprit
-    text = culprit.describe()
-    if stopped:
-        text += f" (process {pids[stopped[0]]} is stopped)"
-    others = [s.rank for s in stalls if s.rank != culprit.rank]
-    if others:
-        text += f"; ranks {', '.join(map(str, others))} also silent"
+    stopped = {r: pid for r, pid in sorted(pids.items()) if state(pid) == "T"}
+    text = monitor.culprit(stalls, stopped, time.time())
     if plan.health.get("stack_dumps", True) and pids:
-        stacks = run_dir / "stacks"
-        stacks.mkdir(mode=0o700, exist_ok=True)
-        for r, pid in sorted(pids.items()):
-            (stacks / f"rank{r}.txt").write_text(dump_stack(pid))
-        text += f"; stacks in {stacks}"
+        text += f"; stacks in {keep_stacks(run_dir, pids)}"
     return text

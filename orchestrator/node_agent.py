@@ -246,9 +246,7 @@ class Agent:
                 if stalls:
                     mine = marked_ranks(self.token)
                     stopped = {g: pid for g, pid in mine.items() if state(pid) == "T"}
-                    culprit = next((x for x in stalls if x.rank in stopped), stalls[0])
-                    text = culprit.describe() + (f" (process {stopped[culprit.rank]} is stopped)"
-                                                 if culprit.rank in stopped else "")
+                    text = mon.culprit(stalls, stopped, now)
                     if health.get("stack_dumps", True) and mine:
                         keep_stacks(self.run_dir, mine)
                     self.hang = text
