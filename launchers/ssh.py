@@ -337,7 +337,11 @@ class SSHLauncher:
                            "pgids": n.pgids} for n in job.nodes]}
 
     def _copy(self, conn: Any, local: Path, rels: list[str], remote: str) -> None:
-        sftp = conn.sftp()
+        with conn.sftp() as sftp:
+            self._copy_with(sftp, local, rels, remote)
+
+    @staticmethod
+    def _copy_with(sftp: Any, local: Path, rels: list[str], remote: str) -> None:
         made: set[str] = set()
 
         def mkdirs(path: str) -> None:
@@ -441,7 +445,7 @@ class SSHLauncher:
         if conn is None or not conn.alive:
             return None
         try:
-            with conn.sftp().open(f"{node.run_dir}/nodes/{node.rank}/exit.json", "rb") as fh:
+            with conn.sftp() as sftp, sftp.open(f"{node.run_dir}/nodes/{node.rank}/exit.json", "rb") as fh:
                 data = json.loads(fh.read().decode())
             return data if isinstance(data, dict) and isinstance(data.get("returncode"), int) else None
         except Exception:  # noqa: BLE001 - missing file, connection gone
@@ -452,8 +456,8 @@ class SSHLauncher:
         if node.agent:
             return True
         try:
-            sftp = job.pool.conns[node.host].sftp()
-            with sftp.open(f"{node.run_dir}/nodes/{node.rank}/agent.json", "rb") as fh:
+            with job.pool.conns[node.host].sftp() as sftp, \
+                    sftp.open(f"{node.run_dir}/nodes/{node.rank}/agent.json", "rb") as fh:
                 node.agent = json.loads(fh.read().decode())
         except (OSError, ValueError, KeyError, EOFError):
             return False
@@ -636,21 +640,21 @@ class SSHLauncher:
             conn = job.pool.conns.get(host)
             if conn is None or not conn.alive:
                 return
-            sftp = conn.sftp()
-            wanted = [f"nodes/{n.rank}/agent.json", f"nodes/{n.rank}/exit.json"]
-            try:
-                wanted += [f"heartbeats/{f}" for f in sftp.listdir(f"{n.run_dir}/heartbeats")]
-            except OSError:
-                pass
-            for rel in wanted:
+            with conn.sftp() as sftp:
+                wanted = [f"nodes/{n.rank}/agent.json", f"nodes/{n.rank}/exit.json"]
                 try:
-                    dst = job.local_run_dir / rel
-                    dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                    with os.fdopen(fd, "wb") as fh:
-                        sftp.getfo(f"{n.run_dir}/{rel}", fh)
+                    wanted += [f"heartbeats/{f}" for f in sftp.listdir(f"{n.run_dir}/heartbeats")]
                 except OSError:
                     pass
+                for rel in wanted:
+                    try:
+                        dst = job.local_run_dir / rel
+                        dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                        with os.fdopen(fd, "wb") as fh:
+                            sftp.getfo(f"{n.run_dir}/{rel}", fh)
+                    except OSError:
+                        pass
 
         try:
             job.pool.map(one, [n.host for n in job.nodes])
@@ -684,7 +688,7 @@ class SSHLauncher:
                 conn = pool.connect(host)
                 pgids = list(n.get("pgids") or [])
                 try:
-                    with conn.sftp().open(f"{n['run_dir']}/nodes/{n['rank']}/agent.json", "rb") as fh:
+                    with conn.sftp() as sftp, sftp.open(f"{n['run_dir']}/nodes/{n['rank']}/agent.json", "rb") as fh:
                         a = json.loads(fh.read().decode())
                     pgids += [v for v in (a.get("agent_pgid"), a.get("pgid")) if isinstance(v, int)]
                 except (OSError, ValueError):

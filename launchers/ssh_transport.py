@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import re
 import shlex
+import contextlib
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import paramiko
 
@@ -148,6 +149,7 @@ class Connection:
         self.transport = transport
         self.timeout = timeout
         self._sftp: paramiko.SFTPClient | None = None
+        self._sftp_lock = threading.RLock()
 
     @property
     def alive(self) -> bool:
@@ -177,15 +179,24 @@ class Connection:
         finally:
             chan.close()
 
-    def sftp(self) -> paramiko.SFTPClient:
-        if self._sftp is None:
-            self._sftp = paramiko.SFTPClient.from_transport(self.transport)
-        return self._sftp
+    @contextlib.contextmanager
+    def sftp(self) -> Iterator[paramiko.SFTPClient]:
+        """`with conn.sftp() as sftp:` the connection's one SFTP session, held exclusively for the block.
+        paramiko's SFTPClient is not safe for concurrent requests: a thread waiting for its response can read
+        and drop another thread's, and that thread then waits forever (seen: a node's output pump reading
+        exit.json while the submitter's main loop read agent.json from the same host)."""
+        with self._sftp_lock:
+            if self._sftp is None:
+                self._sftp = paramiko.SFTPClient.from_transport(self.transport)
+            yield self._sftp
 
     def close(self) -> None:
         try:
-            if self._sftp is not None:
-                self._sftp.close()
+            if self._sftp is not None and self._sftp_lock.acquire(timeout=1.0):  # a blocked holder: just drop it
+                try:
+                    self._sftp.close()
+                finally:
+                    self._sftp_lock.release()
         finally:
             self.transport.close()
 
