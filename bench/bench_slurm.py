@@ -5,6 +5,7 @@
 Measures, median of N, on the same 2-node tiny SFT:
   ours:   SlurmLauncher.submit (submitit) -> first training step (heartbeat) and -> COMPLETED
   anchor: a hand-written sbatch + `srun bash -c 'accelerate launch --multi_gpu --machine_rank $SLURM_NODEID ...'`
+  rendered: the job.sbatch `orchestrate render` writes, submitted by hand (our agent, no submitit layer)
 and the ratio ours/anchor (goal <= 1.0); plus teardown after a SIGKILLed rank, ours and anchor (goal <= 1.5 s):
 kill -> job FAILED, -> every process of the job gone (SLURM's own slurmstepd not counted), -> nothing at all
 left in the node namespaces (slurmstepd included).
@@ -29,7 +30,7 @@ sys.path.insert(0, str(REPO / "tests" / "slurm"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("SLURM_CONF", "/tmp/orchestrate-slurm/etc/slurm.conf")
 
-from slurm_helpers import WORK, heartbeat_step, node_namespace_leftovers  # noqa: E402
+from slurm_helpers import WORK, heartbeat_step, node_namespace_leftovers, wait_clean  # noqa: E402
 
 from launchers.base import JobHandle  # noqa: E402
 from launchers.slurm import SlurmLauncher  # noqa: E402
@@ -46,6 +47,20 @@ srun bash -c '{py} -m accelerate.commands.launch --multi_gpu --num_machines 2 --
 """
 
 
+def idle_cluster(settle: float = 0.5) -> None:
+    """Start every run on an idle cluster: no job queued or completing, nothing left in the node namespaces
+    (slurmstepd of the previous job included), then a short settle. Without this, a run starts while the previous
+    run's step cleanup still holds the nodes, and each contender pays for the one before it."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        queued = subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip()
+        states = set(subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True).stdout.split())
+        if not queued and states <= {"idle"} and not wait_clean(timeout=0):
+            break
+        time.sleep(0.1)
+    time.sleep(settle)
+
+
 def prepare(tag: str, *over: str):
     out = WORK / f"bench-out-{tag}-{time.time_ns()}"
     return api.prepare(str(REPO / "recipes/configs/sft_tiny.yaml"), str(REPO / "cluster_configs/slurm_local.yaml"),
@@ -55,7 +70,8 @@ def prepare(tag: str, *over: str):
 
 
 def phases(run_dir: Path, t0_wall: float) -> dict[str, float]:
-    """When rank 0's process existed, booted, had its process group, began training and stepped (s after sbatch)."""
+    """When rank 0's process existed, booted, had its process group, began training, stepped and ended (s after
+    sbatch)."""
     out: dict[str, float] = {}
     try:
         recs = [json.loads(x) for x in (run_dir / "heartbeats" / "rank0.jsonl").read_text().splitlines() if x.strip()]
@@ -64,8 +80,9 @@ def phases(run_dir: Path, t0_wall: float) -> dict[str, float]:
     for r in recs:
         if r.get("event") == "boot" and r.get("proc_start"):
             out.setdefault("rank_process", r["proc_start"] - t0_wall)
-        if r.get("event") in ("boot", "dist", "start", "step"):
-            out.setdefault({"start": "train_begin", "step": "first_step"}.get(r["event"], r["event"]), r["t"] - t0_wall)
+        if r.get("event") in ("boot", "dist", "start", "step", "end"):
+            out.setdefault({"start": "train_begin", "step": "first_step", "end": "train_end"}.get(r["event"], r["event"]),
+                           r["t"] - t0_wall)
     return out
 
 
@@ -78,7 +95,8 @@ def first_step_and_done(L: SlurmLauncher, h: JobHandle, run_dir: Path, t0: float
         q = L.query(h)
         if q["terminal"]:
             assert q["state"] == "COMPLETED", q
-            return first or float("nan"), time.monotonic() - t0, phases(run_dir, t0_wall)
+            done = time.monotonic() - t0
+            return first or float("nan"), done, {**phases(run_dir, t0_wall), "completed": done}
         time.sleep(0.05)
 
 
@@ -88,6 +106,7 @@ def submit_ours(*over: str) -> tuple[SlurmLauncher, JobHandle, Path, float]:
     api.write_files(prep.files, run_dir)
     L = SlurmLauncher(prep.cluster, poll=0.05)
     sub = L.prepare(prep.plan)
+    idle_cluster()
     t0 = time.monotonic()
     return L, L.submit(sub), run_dir, t0
 
@@ -100,11 +119,30 @@ def submit_anchor(*over: str) -> tuple[SlurmLauncher, JobHandle, Path, float]:
     script.write_text(ANCHOR.format(run_dir=run_dir, py=sys.executable))
     env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", ORCHESTRATE_HEARTBEAT_DIR=str(run_dir / "heartbeats"),
                ORCHESTRATE_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    idle_cluster()
     t0 = time.monotonic()
     jid = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
                          check=True).stdout.strip()
     L = SlurmLauncher(prep.cluster, poll=0.05)
     return L, JobHandle(f"slurm://{jid}", {"run_dir": str(run_dir)}), run_dir, t0
+
+
+def submit_rendered(*over: str) -> tuple[SlurmLauncher, JobHandle, Path, float]:
+    """The rendered RUN_DIR/job.sbatch (`orchestrate render`), submitted by hand with plain sbatch: no submitit."""
+    prep = prepare("rendered", *over)
+    run_dir = Path(prep.plan.run_dir)
+    api.write_files(prep.files, run_dir)
+    idle_cluster()
+    t0 = time.monotonic()
+    jid = subprocess.run(["sbatch", "--parsable", str(run_dir / "job.sbatch")], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    L = SlurmLauncher(prep.cluster, poll=0.05)
+    return L, JobHandle(f"slurm://{jid}", {"run_dir": str(run_dir)}), run_dir, t0
+
+
+def rendered() -> tuple[float, float, dict]:
+    L, h, run_dir, t0 = submit_rendered()
+    return first_step_and_done(L, h, run_dir, t0)
 
 
 def ours() -> tuple[float, float, dict]:
@@ -166,17 +204,27 @@ def main() -> None:
     args = ap.parse_args()
     report: dict = {"repeats": args.repeats}
     if args.only != "teardown":
-        rows = {"ours": [], "anchor": []}
-        for _ in range(args.repeats):
+        rows = {"ours": [], "anchor": [], "rendered": []}
+        for _ in range(args.repeats):  # interleaved, so drift on the machine hits all three alike
             rows["ours"].append(ours())
             rows["anchor"].append(anchor())
+            rows["rendered"].append(rendered())
         med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in rows.items()}
         report["phases_median_s_after_sbatch"] = {
             k: {p: round(statistics.median(x[2][p] for x in v if p in x[2]), 3) for p in v[0][2]} for k, v in rows.items()}
         report.update({"ours_first_step_s": med["ours"][0], "ours_completed_s": med["ours"][1],
                        "anchor_first_step_s": med["anchor"][0], "anchor_completed_s": med["anchor"][1],
                        "ratio_first_step": med["ours"][0] / med["anchor"][0],
-                       "ratio_completed": med["ours"][1] / med["anchor"][1]})
+                       "ratio_completed": med["ours"][1] / med["anchor"][1],
+                       "rendered_first_step_s": med["rendered"][0], "rendered_completed_s": med["rendered"][1],
+                       "rendered_ratio_first_step": med["rendered"][0] / med["anchor"][0],
+                       "rendered_ratio_completed": med["rendered"][1] / med["anchor"][1],
+                       # paired: each run against the anchor run right after it (drift cancels)
+                       "paired_ratio_first_step_median": statistics.median(
+                           o[0] / a[0] for o, a in zip(rows["ours"], rows["anchor"])),
+                       "paired_ratio_completed_median": statistics.median(
+                           o[1] / a[1] for o, a in zip(rows["ours"], rows["anchor"]))})
+        report["runs"] = {k: [[round(x[0], 3), round(x[1], 3)] for x in v] for k, v in rows.items()}
     if args.only != "launch":
         kills = {"ours": [], "anchor": []}
         for _ in range(args.repeats):  # interleaved

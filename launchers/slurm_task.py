@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -121,12 +122,28 @@ class AgentTask:
         return self._rc
 
     def _wait(self, timeout: float | None) -> int | None:
+        """Wait for the agent: woken by its pidfd the moment it exits (no polling delay at the end of every job);
+        reaping stays with `_poll`, so the checkpoint handler may call this while __call__ waits."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                return None
-            time.sleep(0.05)
-        return self._rc
+        pidfd = None
+        if self._pid is not None:
+            try:
+                pidfd = os.pidfd_open(self._pid)
+            except (OSError, AttributeError):  # already reaped, or no pidfd (old kernel): poll
+                pidfd = None
+        try:
+            while self._poll() is None:
+                left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+                if left <= 0:
+                    return None
+                if pidfd is not None:
+                    select.select([pidfd], [], [], left)
+                else:
+                    time.sleep(min(left, 0.05))
+            return self._rc
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
 
     def _chain(self, signum: int) -> None:
         prev = signal.getsignal(signum)

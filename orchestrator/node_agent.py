@@ -90,14 +90,13 @@ class Agent:
         self.launch_done = threading.Event()  # set by wait() when the launch has exited
         self.stop_reason = ""
         self.rank_death = None  # orchestrator.rankwatch.RankDeath when a rank died before finishing
-        import secrets as _secrets
-        self.token = f"{plan.job_id}.{rank}.{_secrets.token_hex(6)}"
+        self.token = f"{plan.job_id}.{rank}.{os.urandom(6).hex()}"
 
     def write_config(self) -> Path:
-        from orchestrator.render import HEADER, _yaml
+        from orchestrator.accelconf import accelerate_config_text
         node = self.plan.node(self.rank)
         cfg = dict(node.accelerate_config, machine_rank=self.rank, main_process_ip=self.main_ip)
-        text = HEADER.format(job=self.plan.job_id, rank=self.rank, nodes=self.plan.nodes) + _yaml(cfg)
+        text = accelerate_config_text(cfg, self.plan.job_id, self.rank, self.plan.nodes)
         path = self.node_dir / "accelerate.yaml"
         self.node_dir.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:
