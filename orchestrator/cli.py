@@ -48,7 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("submit", help="validate, plan and run a job", description="Validate, plan and run a job; "
                        "streams every node's output, fails fast, exits non-zero when the job fails.")
     _add_plan_args(s)
-    s.add_argument("--quiet", "-q", action="store_true", help="do not stream node output")
+    s.add_argument("--quiet", "-q", action="store_true", help="do not stream node output (progress only)")
+    s.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="with --quiet, a rich progress bar: auto (default) when stdout is a terminal or FORCE_COLOR "
+                        "is set, always, or never (plain `progress:` lines)")
     s.add_argument("--dry-run", action="store_true", help="print the plan and stop (like render, without files)")
     s.add_argument("--detach", "-d", action="store_true", help="validate, start a background supervisor that runs "
                    "and monitors the job, print its id and return (then: orchestrate attach JOB)")
@@ -73,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     at = sub.add_parser("attach", help="follow a running job (logs and progress) until it ends; Ctrl-C detaches")
     at.add_argument("job")
     at.add_argument("--quiet", "-q", action="store_true", help="progress only, no node output")
+    at.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                    help="rich progress bar: auto (default) when stdout is a terminal or FORCE_COLOR is set, "
+                         "always, or never (plain `progress:` lines)")
     lg = sub.add_parser("logs", help="a job's logs, merged and prefixed by node")
     lg.add_argument("job")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
@@ -103,7 +109,7 @@ def _detach(args, argv: list[str], prepared) -> int:
     job = prepared.plan.job_id
     logs = home() / "supervisors"
     logs.mkdir(parents=True, exist_ok=True, mode=0o700)
-    child = [a for a in argv if a not in ("--detach", "-d")] + ["--job-id", job, "--quiet"]
+    child = [a for a in argv if a not in ("--detach", "-d")] + ["--job-id", job, "--quiet", "--color", "never"]
     with open(logs / f"{job}.log", "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *child], stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -153,7 +159,8 @@ def cmd_submit(args) -> int:
     from orchestrator.progress import Progress
     result_line: dict = {}
     hosts = {n.node_rank: n.host or f"node{n.node_rank}" for n in prepared.plan.node_plans}
-    progress = Progress(rich=sys.stdout.isatty() and args.quiet)
+    from orchestrator.tty import use_rich
+    progress = Progress(rich=args.quiet and use_rich(args.color))
 
     def on_line(rank: int, line: str) -> None:
         hb = parse_forwarded(line)
@@ -294,7 +301,8 @@ def cmd_attach(args) -> int:
     from orchestrator.store import TERMINAL, JobStore
     rec = _record(args.job)
     print(f"attached to job {rec.id} ({rec.state}); Ctrl-C detaches, the job keeps running", flush=True)
-    progress = Progress()
+    from orchestrator.tty import use_rich
+    progress = Progress(rich=use_rich(args.color))
     beats = HeartbeatTail(Path(rec.run_dir) / "heartbeats", {0})
     tail = LogTail(rec.run_dir)
     try:

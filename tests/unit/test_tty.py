@@ -155,10 +155,10 @@ def test_use_rich(monkeypatch):
 
 # -- through the command line -----------------------------------------------------------------------------------
 
-def _cli(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+def _cli(home: Path, *args: str, check_rc: bool = True, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR", "COLUMNS")}
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**base, "ORCHESTRATE_HOME": str(home), **env}, timeout=120, check=True)
+                          env={**base, "ORCHESTRATE_HOME": str(home), **env}, timeout=120, check=check_rc)
 
 
 @pytest.fixture
@@ -208,3 +208,20 @@ def test_help_documents_color():
     out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "ls", "--help"], cwd=REPO, capture_output=True,
                          text=True).stdout
     assert "--color {auto,always,never}" in out and "FORCE_COLOR" in out
+
+
+@pytest.mark.health
+def test_attach_progress_follows_color(home):
+    """attach to the (ended) fixture job: plain `progress:` lines into a pipe, a rich bar with --color always."""
+    plain = _cli(home, "attach", "sft-1", "--quiet", check_rc=False).stdout
+    assert "progress: step 5/10 (50%) | loss 3.5000" in plain and "\x1b[" not in plain
+    bar = _cli(home, "attach", "sft-1", "--quiet", "--color", "always", check_rc=False).stdout
+    assert "progress:" not in bar and "train" in bar and "step 5/10 (50%)" in bar and "━" in bar
+    assert "job sft-1 FAILED: node 1 (gpu02) failed" in bar
+
+
+def test_submit_and_attach_help_document_color():
+    for cmd in ("submit", "attach"):
+        out = subprocess.run([sys.executable, "-m", "orchestrator.cli", cmd, "--help"], cwd=REPO, capture_output=True,
+                             text=True).stdout
+        assert "--color {auto,always,never}" in out and "progress" in out, cmd
