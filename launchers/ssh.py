@@ -1,7 +1,8 @@
 """SSH backend: runs one node agent per host over paramiko, streams its output, fails fast, no orphans.
 
-Owns: `SSHLauncher` (prepare / submit / wait / status / cancel / logs) for `kind: ssh` clusters.
-submit = connect to ALL hosts and exec on each, once,
+Owns: `SSHLauncher` (prepare / preflight / submit / wait / teardown / status / cancel / logs) for `kind: ssh`
+clusters; a running job's state and per-node I/O are in launchers/ssh_job.py, the remote argv, probe reading
+and teardown programs in launchers/ssh_remote.py. submit = connect to ALL hosts and exec on each, once,
 `setsid -w PYTHON -m orchestrator.node_agent RUN_DIR --node-rank R --watch-stdin --secrets-stdin ... --probe {...}`:
 the agent pre-flights its host (orchestrator.node_probe), prints the result and waits. Any bad host: every
 channel is closed, the waiting agents see stdin EOF and exit, nothing started anywhere. All good: copy the run
@@ -19,30 +20,26 @@ import json
 import logging
 import os
 import queue
-import re
-import signal as _signal
-import socket
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from orchestrator.health import HealthMonitor, parse_forwarded
+from orchestrator.health import HealthMonitor
 from launchers.base import JobHandle, JobResult, NodeCommand, NodeExit, Submission
-from launchers.supervise import PEER_HINTS, root_cause_text
+from launchers.ssh_job import (Job, Node, copy_run_dir, diagnose_hang, exit_times, fetch_back, node_at_host,
+                               node_at_rank, pick_root_cause, pump, rank_at_host, read_agent)
+from launchers.ssh_remote import (AGENT_MODULE, agent_argv, agent_shell, await_probe, close_channel, describe_exit,
+                                  teardown_command)
+from launchers.supervise import root_cause_text
 from orchestrator.errors import LaunchError, PreflightError, Problem
 from orchestrator.jobplan import LaunchPlan
 
 logger = logging.getLogger("orchestrate.ssh")
-AGENT_MODULE = "orchestrator.node_agent"
-WRAPPER_MARK = "@@orchestrate-wrapper "
 DEFAULT_SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
 SECRET_SUFFIXES = ("_TOKEN", "_KEY", "_SECRET", "PASSWORD")
 GRACE_S = 2.0  # cancel / Ctrl-C: TERM, then KILL after this (ranks may checkpoint on TERM)
 FAILFAST_GRACE_S = 1.0  # a node failed: the others cannot finish a collective anyway
-TAIL_LINES = 20
 
 
 def is_secret_name(name: str) -> bool:
@@ -52,109 +49,6 @@ def is_secret_name(name: str) -> bool:
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
     return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)
-
-
-def agent_argv(python: str, run_dir: str, node_rank: int, module: str = AGENT_MODULE,
-               probe: dict[str, Any] | None = None) -> tuple[str, ...]:
-    """The agent's remote argv. With `probe` ({"workdir", "port", "check"}) it pre-flights its host first, prints
-    the result and starts only when the secrets line arrives (one exec per host for both)."""
-    argv = ("setsid", "-w", python, "-m", module, run_dir, "--node-rank", str(node_rank),
-            "--watch-stdin", "--secrets-stdin", "--forward-heartbeats")
-    return argv + (("--probe", json.dumps(probe, sort_keys=True)) if probe is not None else ())
-
-
-def agent_shell(argv: tuple[str, ...]) -> str:
-    """The only shell string of the backend: print the wrapper's pid, then exec the quoted argv."""
-    from launchers.ssh_transport import remote_command
-    return f'echo "{WRAPPER_MARK}$$"; ' + remote_command(argv)
-
-
-def describe_exit(rc: int | None) -> tuple[str, int | None]:
-    if rc is None or rc < 0:
-        return "lost (no exit status: connection closed or killed by a signal)", None
-    if rc > 128 and rc - 128 < 65:
-        sig = rc - 128
-        try:
-            return f"exit code {rc} ({_signal.Signals(sig).name})", sig
-        except ValueError:
-            return f"exit code {rc} (signal {sig})", sig
-    return f"exit code {rc}", None
-
-
-@dataclass
-class _Node:
-    rank: int
-    host: str
-    run_dir: str  # on the host
-    argv: tuple[str, ...] = ()
-    chan: Any = None
-    wrapper_pid: int | None = None
-    agent: dict[str, Any] = field(default_factory=dict)
-    returncode: int | None = None
-    exited_at: float | None = None
-    exit_record: dict[str, Any] | None = None
-    torn_down_at: float | None = None
-    pending: bytes = b""  # output read past the probe line, not yet processed
-    tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-    done: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def pgids(self) -> list[int]:
-        out = []
-        for k in ("agent_pgid", "pgid"):
-            v = self.agent.get(k)
-            if isinstance(v, int) and v > 1 and v not in out:
-                out.append(v)
-        return out
-
-
-class _Job:
-    def __init__(self, job_id: str, local_run_dir: Path, nodes: list[_Node], pool: Any, shared_fs: bool):
-        self.job_id = job_id
-        self.local_run_dir = local_run_dir
-        self.nodes = nodes
-        self.pool = pool
-        self.shared_fs = shared_fs
-        self.events: queue.Queue = queue.Queue()
-        self.state = "RUNNING"
-        self.result: JobResult | None = None
-        self._sink: Callable[[int, str], None] | None = None
-        self._pending: list[tuple[int, str]] = []
-        self._lock = threading.Lock()
-        self.teardown_started: float | None = None
-        self.cancel_reason = ""
-        self.hang = ""
-        self.monitor: HealthMonitor | None = None
-        self.hb_files: dict[int, Any] = {}
-
-    def heartbeat(self, rec: dict[str, Any]) -> None:
-        """Feed the health monitor and keep a local copy (status/plot work without a shared filesystem)."""
-        if self.monitor is not None:
-            self.monitor.feed(rec, time.time())
-        if self.shared_fs or not isinstance(rec.get("rank"), int):
-            return
-        fh = self.hb_files.get(rec["rank"])
-        if fh is None:
-            d = self.local_run_dir / "heartbeats"
-            d.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fh = self.hb_files[rec["rank"]] = open(d / f"rank{rec['rank']}.jsonl", "a")
-        fh.write(json.dumps(rec, sort_keys=True) + "\n")
-        fh.flush()
-
-    def emit(self, rank: int, line: str) -> None:
-        with self._lock:
-            if self._sink is None:
-                self._pending.append((rank, line))
-                return
-            sink = self._sink
-        sink(rank, line)
-
-    def set_sink(self, sink: Callable[[int, str], None]) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, []
-            self._sink = sink
-        for rank, line in pending:
-            sink(rank, line)
 
 
 class SSHLauncher:
@@ -171,7 +65,7 @@ class SSHLauncher:
             raise PreflightError(Problem("ssh", "cluster kind ssh needs an ssh: block"))
         self.grace_s = grace_s
         self.failfast_grace_s = min(failfast_grace_s, grace_s)
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, Job] = {}
 
     # ------------------------------------------------------------------ pure
     def _workdir(self, host: str) -> str:
@@ -251,7 +145,7 @@ class SSHLauncher:
         def probe(host: str) -> dict[str, Any]:
             conn = pool.connect(host)
             chan = chans[host] = conn.open(agent_shell(by_host[host].argv), combine_stderr=True)
-            out = _await_probe(chan, python, max(conn.timeout, 30.0))
+            out = await_probe(chan, python, max(conn.timeout, 30.0))
             if out.get("why"):
                 raise HostError(host, out["why"])
             if out["probe"]["problems"]:
@@ -266,7 +160,7 @@ class SSHLauncher:
                 problems.append(Problem(host, f"{type(res).__name__}: {res}"))
         if problems:
             for chan in chans.values():
-                _close(chan)  # stdin EOF: every waiting agent exits without starting anything
+                close_channel(chan)  # stdin EOF: every waiting agent exits without starting anything
             pool.close()
             raise PreflightError(problems)
         return pool, results
@@ -287,15 +181,15 @@ class SSHLauncher:
             real = probes[n.host]["probe"].get("workdir") or wd
             if not shared and run_dir.startswith(wd):  # "~" etc. resolved by the host itself
                 run_dir = real + run_dir[len(wd):]
-            nodes.append(_Node(rank=n.node_rank, host=n.host, run_dir=run_dir, argv=tuple(n.argv),
-                               chan=probes[n.host]["chan"], wrapper_pid=probes[n.host]["wrapper_pid"],
-                               pending=probes[n.host]["rest"]))
-        job = _Job(job_id, local, nodes, pool, shared)
+            nodes.append(Node(rank=n.node_rank, host=n.host, run_dir=run_dir, argv=tuple(n.argv),
+                              chan=probes[n.host]["chan"], wrapper_pid=probes[n.host]["wrapper_pid"],
+                              pending=probes[n.host]["rest"]))
+        job = Job(job_id, local, nodes, pool, shared)
         (local / "logs").mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             if not shared:
-                bad = pool.map(lambda h: self._copy(pool.conns[h], local, sub.extra["copy"][_rank(nodes, h)],
-                                                    _node(nodes, h).run_dir), [n.host for n in nodes])
+                bad = pool.map(lambda h: copy_run_dir(pool.conns[h], local, sub.extra["copy"][rank_at_host(nodes, h)],
+                                                      node_at_host(nodes, h).run_dir), [n.host for n in nodes])
                 errs = [(h, e) for h, e in bad.items() if isinstance(e, Exception)]
                 if errs:
                     h, e = errs[0]
@@ -306,17 +200,17 @@ class SSHLauncher:
                 if name in os.environ:
                     secrets.setdefault(name, os.environ[name])
             line = (json.dumps(secrets) + "\n").encode()
-            started = pool.map(lambda h: self._start(job, _node(nodes, h), line), [n.host for n in nodes])
+            started = pool.map(lambda h: self._start(job, node_at_host(nodes, h), line), [n.host for n in nodes])
             errs = [(h, e) for h, e in started.items() if isinstance(e, Exception)]
             if errs:
                 self._teardown(job, "start failed")
                 h, e = errs[0]
                 raise LaunchError(f"starting the node agent failed: {e}", host=h,
-                                  argv=list(_node(nodes, h).argv))
+                                  argv=list(node_at_host(nodes, h).argv))
             timeline["agents_exec"] = time.time()
         except BaseException:
             for n in nodes:
-                _close(n.chan)
+                close_channel(n.chan)
             pool.close()
             raise
         self._jobs[job_id] = job
@@ -331,147 +225,16 @@ class SSHLauncher:
         from orchestrator.store import home
         return home() / "runs" / sub.extra["job_id"]
 
-    def _handle_data(self, job: _Job) -> dict[str, Any]:
+    def _handle_data(self, job: Job) -> dict[str, Any]:
         return {"job_id": job.job_id, "local_run_dir": str(job.local_run_dir),
                 "nodes": [{"rank": n.rank, "host": n.host, "run_dir": n.run_dir, "wrapper_pid": n.wrapper_pid,
                            "pgids": n.pgids} for n in job.nodes]}
 
-    def _copy(self, conn: Any, local: Path, rels: list[str], remote: str) -> None:
-        with conn.sftp() as sftp:
-            self._copy_with(sftp, local, rels, remote)
-
-    @staticmethod
-    def _copy_with(sftp: Any, local: Path, rels: list[str], remote: str) -> None:
-        made: set[str] = set()
-
-        def mkdirs(path: str) -> None:
-            parts = path.rstrip("/").split("/")
-            for i in range(2, len(parts) + 1):
-                p = "/".join(parts[:i])
-                if not p or p in made:
-                    continue
-                try:
-                    sftp.stat(p)
-                except FileNotFoundError:
-                    sftp.mkdir(p, 0o700)
-                    sftp.chmod(p, 0o700)
-                made.add(p)
-
-        mkdirs(remote)
-        for sub in ("logs", "heartbeats", "nodes"):
-            mkdirs(f"{remote}/{sub}")
-        for rel in rels:
-            src = local / rel
-            files = sorted(p for p in src.rglob("*") if p.is_file()) if src.is_dir() else [src]
-            for f in files:
-                dst = f"{remote}/{f.relative_to(local).as_posix()}"
-                mkdirs(dst.rsplit("/", 1)[0])
-                with sftp.open(dst, "wb") as fh:
-                    fh.chmod(0o600)  # before any byte is written
-                    fh.set_pipelined(True)
-                    fh.write(f.read_bytes())
-
-    def _start(self, job: _Job, node: _Node, secrets_line: bytes) -> None:
+    def _start(self, job: Job, node: Node, secrets_line: bytes) -> None:
         """Go: the agent waiting since its probe gets the secrets line and starts the launch."""
         node.chan.sendall(secrets_line)  # stdin stays open: its EOF tells the agent to tear down
-        threading.Thread(target=self._pump, args=(job, node), daemon=True,
+        threading.Thread(target=pump, args=(job, node), daemon=True,
                          name=f"ssh-node{node.rank}").start()
-
-    def _pump(self, job: _Job, node: _Node) -> None:
-        fd = os.open(job.local_run_dir / "logs" / f"node{node.rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        log = os.fdopen(fd, "ab", buffering=0)
-        buf = node.pending  # what arrived after the probe line
-        quiet_since = None
-        try:
-            node.chan.settimeout(0.2)
-            while True:
-                try:
-                    data = node.chan.recv(65536)
-                except socket.timeout:
-                    # The agent exited but something (an orphan of a killed agent) may still hold the
-                    # output pipe open: stop reading once the exit status is in and output is quiet.
-                    if node.chan.exit_status_ready():
-                        now = time.monotonic()
-                        quiet_since = quiet_since or now
-                        if now - quiet_since >= 0.3:
-                            break
-                    continue
-                if not data:
-                    break
-                buf += data
-                *lines, buf = re.split(rb"[\r\n]", buf)
-                for raw in lines:
-                    self._line(job, node, raw, log)
-            if buf:
-                self._line(job, node, buf, log)
-            rc = node.chan.recv_exit_status()
-        except Exception:  # noqa: BLE001 - connection lost
-            rc = -1
-        finally:
-            log.close()
-        logger.debug("node %d on %s: output closed, exit status %s", node.rank, node.host, rc)
-        recorded = self._read_exit(job, node)  # the agent's own record beats what the wrapper reports
-        if recorded is not None:
-            node.exit_record = recorded
-            rc = int(recorded.get("returncode", rc))
-        node.returncode = rc
-        node.exited_at = time.monotonic()
-        logger.debug("node %d on %s exited: %s (agent record: %s)", node.rank, node.host, rc, recorded)
-        node.done.set()
-        job.events.put(node.rank)
-
-    def _line(self, job: _Job, node: _Node, raw: bytes, log: Any) -> None:
-        if not raw.strip():
-            return
-        text = raw.decode(errors="replace")
-        if node.wrapper_pid is None and text.startswith(WRAPPER_MARK):
-            try:
-                node.wrapper_pid = int(text[len(WRAPPER_MARK):])
-            except ValueError:
-                pass
-            return
-        hb = parse_forwarded(text)
-        if hb is not None:
-            job.heartbeat(hb)
-            job.emit(node.rank, text)
-            return
-        log.write(raw + b"\n")
-        node.tail.append(text)
-        job.emit(node.rank, text)
-
-    def _read_exit(self, job: _Job, node: _Node) -> dict[str, Any] | None:
-        """nodes/R/exit.json as the agent wrote it (None when it did not get that far)."""
-        conn = job.pool.conns.get(node.host)
-        if conn is None or not conn.alive:
-            return None
-        try:
-            with conn.sftp() as sftp, sftp.open(f"{node.run_dir}/nodes/{node.rank}/exit.json", "rb") as fh:
-                data = json.loads(fh.read().decode())
-            return data if isinstance(data, dict) and isinstance(data.get("returncode"), int) else None
-        except Exception:  # noqa: BLE001 - missing file, connection gone
-            return None
-
-    def _read_agent(self, job: _Job, node: _Node) -> bool:
-        """Fetch nodes/R/agent.json (pid, pgid) from the host once it exists."""
-        if node.agent:
-            return True
-        try:
-            with job.pool.conns[node.host].sftp() as sftp, \
-                    sftp.open(f"{node.run_dir}/nodes/{node.rank}/agent.json", "rb") as fh:
-                node.agent = json.loads(fh.read().decode())
-        except (OSError, ValueError, KeyError, EOFError):
-            return False
-        except Exception:  # noqa: BLE001 - paramiko SSHException when the connection is gone
-            return False
-        if not job.shared_fs:
-            d = job.local_run_dir / "nodes" / str(node.rank)
-            d.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(d / "agent.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(json.dumps(node.agent))
-        job.emit(node.rank, f"orchestrate: {node.host} node/{node.rank} agent pid {node.agent.get('agent_pid')} "
-                 f"pgid {node.agent.get('pgid')} (recorded in nodes/{node.rank}/agent.json)")
-        return True
 
     # ------------------------------------------------------------------ wait / teardown
     def wait(self, handle: JobHandle, on_line: Callable[[int, str], None] | None = None) -> JobResult:
@@ -485,7 +248,7 @@ class SSHLauncher:
         except (OSError, ValueError, KeyError):
             hb_every = None
         job.set_sink(on_line or (lambda r, line: None))
-        failed: list[_Node] = []
+        failed: list[Node] = []
         pending = {n.rank for n in job.nodes}
         last_poll = last_hb = 0.0
         try:
@@ -499,12 +262,12 @@ class SSHLauncher:
                     last_poll = now
                     for n in job.nodes:
                         if not n.agent and not n.done.is_set():
-                            self._read_agent(job, n)
+                            read_agent(job, n)
                 if hb_every and job.monitor and job.teardown_started is None and now - last_hb > hb_every:
                     last_hb = now
                     stalls = job.monitor.stalls(time.time())
                     if stalls:
-                        job.hang = self._diagnose_hang(job, stalls)
+                        job.hang = diagnose_hang(job, stalls, str(_get(self.ssh, "python", "python3")))
                         job.teardown_started = now
                         self._teardown(job, "hang: " + job.hang)
                 if rank is None:
@@ -512,7 +275,7 @@ class SSHLauncher:
                         break  # a host that does not answer any more; give up waiting for it
                     continue
                 pending.discard(rank)
-                node = job.nodes[rank] if job.nodes[rank].rank == rank else _by_rank(job.nodes, rank)
+                node = job.nodes[rank] if job.nodes[rank].rank == rank else node_at_rank(job.nodes, rank)
                 if node.returncode != 0:
                     if job.teardown_started is None or (node.torn_down_at is None):
                         failed.append(node)
@@ -530,46 +293,17 @@ class SSHLauncher:
                 self._teardown(job, "")
         return self._finish(job, failed)
 
-    def _diagnose_hang(self, job: _Job, stalls) -> str:
-        """Ask every node which of its ranks is stopped (and keep their stacks) before the teardown: the
-        stopped rank is the culprit; else the one silent longest."""
-        from launchers.ssh_transport import remote_command
-        stopped: dict[int, int] = {}
-
-        def one(host: str) -> None:
-            n = _node(job.nodes, host)
-            conn = job.pool.conns.get(host)
-            if conn is None or not conn.alive:
-                return
-            cmd = remote_command([str(_get(self.ssh, "python", "python3")), "-m", "orchestrator.node_agent", n.run_dir,
-                                  "--node-rank", str(n.rank), "--diagnose"])
-            rc, out, _ = conn.run(cmd, timeout=30)
-            for line in out.decode(errors="replace").splitlines():
-                try:
-                    for g, info in json.loads(line).get("ranks", {}).items():
-                        if info.get("state") == "T":
-                            stopped[int(g)] = int(info["pid"])
-                except (ValueError, AttributeError):
-                    continue
-        try:
-            job.pool.map(one, [n.host for n in job.nodes])
-        except Exception:  # noqa: BLE001 - diagnosis is best effort; the teardown must happen regardless
-            pass
-        return job.monitor.culprit(stalls, stopped, time.time()) + "; stacks in RUN_DIR/stacks/ on each host"
-
-    def _teardown(self, job: _Job, reason: str, grace: float | None = None) -> None:
+    def _teardown(self, job: Job, reason: str, grace: float | None = None) -> None:
         """TERM every node's process groups, KILL after the grace; close stdins (agents see EOF)."""
-        from launchers.ssh_remote import teardown_command
-
         grace = self.grace_s if grace is None else grace
         if job.teardown_started is None and reason:
             job.teardown_started = time.monotonic()
         for n in job.nodes:
             if not n.agent and reason:
-                self._read_agent(job, n)
+                read_agent(job, n)
 
         def one(host: str) -> str:
-            n = _node(job.nodes, host)
+            n = node_at_host(job.nodes, host)
             if reason and not n.done.is_set():
                 n.torn_down_at = time.monotonic()
             conn = job.pool.conns.get(host)
@@ -589,13 +323,13 @@ class SSHLauncher:
 
         job.pool.map(one, [n.host for n in job.nodes])
 
-    def _finish(self, job: _Job, failed: list[_Node]) -> JobResult:
+    def _finish(self, job: Job, failed: list[Node]) -> JobResult:
         for n in job.nodes:
             n.done.wait(timeout=2)
         exits = tuple(NodeExit(node_rank=n.rank, host=n.host, returncode=n.returncode,
                                signal=describe_exit(n.returncode)[1], log_tail="\n".join(n.tail))
                       for n in job.nodes)
-        self._fetch_back(job)
+        fetch_back(job)
         for fh in job.hb_files.values():
             fh.close()
         max_step = max((st.step for st in job.monitor.snapshot()), default=None) if job.monitor else None
@@ -605,7 +339,7 @@ class SSHLauncher:
             state, rc, cause = "FAILED", 1, job.hang
         elif failed or any(n.returncode != 0 for n in job.nodes):
             root = pick_root_cause(failed or [n for n in job.nodes if n.returncode != 0],
-                                   self._exit_times(job))
+                                   exit_times(job))
             cause = root_cause_text(next(e for e in exits if e.node_rank == root.rank))
             if root.returncode is None or root.returncode < 0:
                 cause = f"node {root.rank} ({root.host}) failed: {describe_exit(root.returncode)[0]}"
@@ -617,49 +351,6 @@ class SSHLauncher:
         job.result = JobResult(state=state, returncode=rc, root_cause=cause, nodes=exits, max_step=max_step,
                                hung=bool(job.hang))
         return job.result
-
-    @staticmethod
-    def _exit_times(job: _Job) -> dict[int, float]:
-        """When each node's launch ended, from the agents' exit.json (fetched back or shared)."""
-        out = {}
-        for n in job.nodes:
-            p = job.local_run_dir / "nodes" / str(n.rank) / "exit.json"
-            try:
-                out[n.rank] = float(json.loads(p.read_text())["time"])
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
-        return out
-
-    def _fetch_back(self, job: _Job) -> None:
-        """Bring nodes/R/{agent,exit}.json and heartbeats back to the local run dir (not shared_fs)."""
-        if job.shared_fs:
-            return
-
-        def one(host: str) -> None:
-            n = _node(job.nodes, host)
-            conn = job.pool.conns.get(host)
-            if conn is None or not conn.alive:
-                return
-            with conn.sftp() as sftp:
-                wanted = [f"nodes/{n.rank}/agent.json", f"nodes/{n.rank}/exit.json"]
-                try:
-                    wanted += [f"heartbeats/{f}" for f in sftp.listdir(f"{n.run_dir}/heartbeats")]
-                except OSError:
-                    pass
-                for rel in wanted:
-                    try:
-                        dst = job.local_run_dir / rel
-                        dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                        with os.fdopen(fd, "wb") as fh:
-                            sftp.getfo(f"{n.run_dir}/{rel}", fh)
-                    except OSError:
-                        pass
-
-        try:
-            job.pool.map(one, [n.host for n in job.nodes])
-        except Exception:  # noqa: BLE001 - best effort
-            pass
 
     # ------------------------------------------------------------------ the rest of the protocol
     def status(self, handle: JobHandle) -> str:
@@ -677,7 +368,6 @@ class SSHLauncher:
 
     def _cancel_remote(self, handle: JobHandle) -> None:
         """Cancel from another process: reconnect, read each node's agent.json, kill its groups."""
-        from launchers.ssh_remote import teardown_command
         from launchers.ssh_transport import Pool, SSHOptions
 
         nodes = handle.data.get("nodes", [])
@@ -709,70 +399,3 @@ class SSHLauncher:
                 with open(p, errors="replace") as fh:
                     for line in fh:
                         yield line.rstrip("\n")
-
-
-def pick_root_cause(failed: list["_Node"], exit_times: dict[int, float] | None = None) -> "_Node":
-    """The node that failed first (by the agents' exit times when every candidate has one, else by
-    when its connection reported the exit), unless it only reports a dead PEER and another does not."""
-    times = exit_times or {}
-    if len(failed) > 1 and all(n.rank in times for n in failed):
-        failed = sorted(failed, key=lambda n: times[n.rank])
-    first = failed[0]
-    if any(h in line for line in first.tail for h in PEER_HINTS):
-        for other in failed[1:]:
-            if not any(h in line for line in other.tail for h in PEER_HINTS):
-                return other
-    return first
-
-
-def _node(nodes: list[_Node], host: str) -> _Node:
-    return next(n for n in nodes if n.host == host)
-
-
-def _rank(nodes: list[_Node], host: str) -> int:
-    return _node(nodes, host).rank
-
-
-def _by_rank(nodes: list[_Node], rank: int) -> _Node:
-    return next(n for n in nodes if n.rank == rank)
-
-
-def _close(chan: Any) -> None:
-    try:
-        if chan is not None:
-            chan.close()
-    except Exception:  # noqa: BLE001 - connection already gone
-        pass
-
-
-def _await_probe(chan: Any, python: str, timeout: float) -> dict[str, Any]:
-    """Read an agent's output up to its `ORCHESTRATE_PROBE {json}` line: {"probe", "wrapper_pid", "rest"}, or
-    {"why": one-line cause} when it ended (or went quiet) without one."""
-    from launchers.ssh_remote import probe_failure
-    from orchestrator.node_probe import PROBE_MARK
-    chan.settimeout(timeout)
-    buf, wrapper, seen = b"", None, []
-    try:
-        while True:
-            data = chan.recv(65536)
-            if not data:
-                break
-            buf += data
-            while b"\n" in buf:
-                raw, buf = buf.split(b"\n", 1)
-                text = raw.decode(errors="replace").strip()
-                if text.startswith(WRAPPER_MARK):
-                    try:
-                        wrapper = int(text[len(WRAPPER_MARK):])
-                    except ValueError:
-                        pass
-                elif text.startswith(PROBE_MARK):
-                    try:
-                        return {"probe": json.loads(text[len(PROBE_MARK):]), "wrapper_pid": wrapper, "rest": buf}
-                    except ValueError:
-                        return {"why": f"pre-flight probe with {python!r} printed a malformed result: {text[:200]}"}
-                elif text:
-                    seen.append(text)
-    except socket.timeout:
-        return {"why": f"no pre-flight answer from {python!r} within {timeout:.0f}s"}
-    return {"why": probe_failure(python, chan.recv_exit_status(), "\n".join(seen + [buf.decode(errors="replace")]))}
