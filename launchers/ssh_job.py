@@ -35,8 +35,6 @@ TAIL_LINES = 20
 
 
 @dataclass
-
-
 class Node:
     rank: int
     host: str
