@@ -205,7 +205,7 @@ def _recorded_groups(run_dir: Path, rank: int) -> list[int]:
 
 def cancel_run_dir(run_dir: Path, grace: float = 5.0) -> None:
     """Cancel a local job from any process: what `node_agent --kill` does, for every node of the run dir."""
-    from orchestrator.node_agent import kill_node
+    from orchestrator.node_ops import kill_node
     kill_node(run_dir, None, grace)
 
 

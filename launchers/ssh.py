@@ -1,17 +1,15 @@
 """SSH backend: runs one node agent per host over paramiko, streams its output, fails fast, no orphans.
 
-Owns: `SSHLauncher` (prepare / preflight / submit / wait / teardown / status / cancel / logs) for `kind: ssh`
-clusters; a running job's state and per-node I/O are in launchers/ssh_job.py, the remote argv, probe reading
-and teardown programs in launchers/ssh_remote.py. submit = connect to ALL hosts and exec on each, once,
-`setsid -w PYTHON -m orchestrator.node_agent RUN_DIR --node-rank R --watch-stdin --secrets-stdin ... --probe {...}`:
-the agent pre-flights its host (orchestrator.node_probe), prints the result and waits. Any bad host: every
-channel is closed, the waiting agents see stdin EOF and exit, nothing started anywhere. All good: copy the run
-dir's files to each host (SFTP, 0700/0600; skipped with shared_fs), then send each agent its secrets as one
-JSON line on stdin: that line is the go. (One exec per host instead of a probe exec and a start exec: each
-exec costs a remote login-shell start-up.) wait = live output (`[host node/R] ...`) to a callback and
-RUN_DIR/logs/node<R>.log; the first node that fails is the root cause and every node's process groups get
-TERM, then KILL after a grace. If this process dies, its connections close, the agents see EOF on stdin and
-tear their nodes down.
+Owns `SSHLauncher` (prepare / preflight / submit / wait / teardown / status / cancel / logs) for `kind: ssh`;
+a running job's state and per-node I/O: launchers/ssh_job.py; remote argv, probe, teardown: ssh_remote.py.
+submit = connect to ALL hosts and exec on each, once, `setsid -w PYTHON -m orchestrator.node_agent RUN_DIR
+--node-rank R --watch-stdin --secrets-stdin ... --probe {...}`: the agent pre-flights its host
+(orchestrator.node_probe), prints the result and waits. Any bad host: every channel is closed, the waiting
+agents see stdin EOF and exit, nothing started anywhere. All good: copy the run dir's files to each host (SFTP,
+0700/0600; skipped with shared_fs), then send each agent its secrets as one JSON line on stdin: the go (one exec
+per host: each exec costs a remote login-shell start-up). wait = live output (`[host node/R] ...`) to a callback
+and RUN_DIR/logs/node<R>.log; the first node that fails is the root cause and every node's process groups get
+TERM, then KILL after a grace. If this process dies, the agents see EOF on stdin and tear their nodes down.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def describe_hang(run_dir, plan, stalls, monitor) -> str:
     import json
     import time
     from pathlib import Path
-    from orchestrator.node_agent import keep_stacks
+    from orchestrator.node_ops import keep_stacks
     from orchestrator.proctools import marked_ranks, state
     run_dir = Path(run_dir)
     pids: dict[int, int] = {}

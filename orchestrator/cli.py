@@ -49,9 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "streams every node's output, fails fast, exits non-zero when the job fails.")
     _add_plan_args(s)
     s.add_argument("--quiet", "-q", action="store_true", help="do not stream node output (progress only)")
-    s.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                   help="with --quiet, a rich progress bar: auto (default) when stdout is a terminal or FORCE_COLOR "
-                        "is set, always, or never (plain `progress:` lines)")
+    _add_color(s, "with --quiet, a rich progress bar", "plain `progress:` lines")
     s.add_argument("--dry-run", action="store_true", help="print the plan and stop (like render, without files)")
     s.add_argument("--detach", "-d", action="store_true", help="validate, start a background supervisor that runs "
                    "and monitors the job, print its id and return (then: orchestrate attach JOB)")
@@ -70,15 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("job", help="job id (a unique prefix is enough)")
     for view in (ls, st):
         view.add_argument("--json", action="store_true", help="machine-readable output (unchanged by --color)")
-        view.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                          help="rich tables with coloured states: auto (default) when stdout is a terminal or "
-                               "FORCE_COLOR is set, always, or never (the plain aligned text that pipes get)")
+        _add_color(view, "rich tables with coloured states", "the plain aligned text that pipes get")
     at = sub.add_parser("attach", help="follow a running job (logs and progress) until it ends; Ctrl-C detaches")
     at.add_argument("job")
     at.add_argument("--quiet", "-q", action="store_true", help="progress only, no node output")
-    at.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                    help="rich progress bar: auto (default) when stdout is a terminal or FORCE_COLOR is set, "
-                         "always, or never (plain `progress:` lines)")
+    _add_color(at, "rich progress bar", "plain `progress:` lines")
     lg = sub.add_parser("logs", help="a job's logs, merged and prefixed by node")
     lg.add_argument("job")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
@@ -101,31 +95,10 @@ def _prepare(args, run_dir: str | None = None):
                        job_id=getattr(args, "job_id", None))
 
 
-def _detach(args, argv: list[str], prepared) -> int:
-    """Re-run this very submit (same job id) as a supervisor in its own session; wait until it is recorded."""
-    import subprocess
-    import time
-    from orchestrator.store import JobStore, home
-    job = prepared.plan.job_id
-    logs = home() / "supervisors"
-    logs.mkdir(parents=True, exist_ok=True, mode=0o700)
-    child = [a for a in argv if a not in ("--detach", "-d")] + ["--job-id", job, "--quiet", "--color", "never"]
-    with open(logs / f"{job}.log", "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *child], stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        rec = JobStore().get(job)
-        if rec is not None and rec.state not in ("PENDING",):
-            print(f"job {job} {rec.state} (supervisor pid {proc.pid}); follow it with: orchestrate attach {job}")
-            return 0
-        if proc.poll() is not None:
-            tail = (logs / f"{job}.log").read_text(errors="replace").strip().splitlines()[-1:]
-            print(f"orchestrate: error: job {job} did not start: {' '.join(tail)}", file=sys.stderr)
-            return proc.returncode or 1
-        time.sleep(0.2)
-    print(f"job {job} submitted (supervisor pid {proc.pid}); orchestrate attach {job}")
-    return 0
+def _add_color(p: argparse.ArgumentParser, rich: str, plain: str) -> None:
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help=f"{rich}: auto (default) when stdout is a terminal or FORCE_COLOR is set, always, or never "
+                        f"({plain})")
 
 
 def cmd_render(args) -> int:
@@ -154,7 +127,8 @@ def cmd_submit(args) -> int:
     if args.dry_run:
         return 0
     if args.detach:
-        return _detach(args, sys.argv[1:] if args._argv is None else args._argv, prepared)
+        from orchestrator.supervisor import detach
+        return detach(sys.argv[1:] if args._argv is None else args._argv, prepared)
     from orchestrator.health import parse_forwarded
     from orchestrator.progress import Progress
     result_line: dict = {}
@@ -182,7 +156,8 @@ def cmd_submit(args) -> int:
             print(f"job {data['job_id']}: restart {data['restart']}/{data['max_restarts']} from the latest "
                   f"checkpoint (furthest step {data['step']}): {data['reason']}", flush=True)
 
-    _write_supervisor(prepared.plan.job_id)
+    from orchestrator.supervisor import record_self
+    record_self(prepared.plan.job_id)
     try:
         result = api.submit(prepared, on_line=on_line, on_event=on_event)
     finally:
@@ -221,7 +196,8 @@ def _refresh_from_scheduler(rec):
     """A scheduler-run job (SLURM) lives on without its submitting terminal: ask the scheduler, record a final
     state the store has not seen, and return (record, scheduler state text or None)."""
     from orchestrator.store import TERMINAL, JobStore
-    if rec.backend != "slurm" or rec.state in TERMINAL or _supervisor(rec.id) is not None:
+    from orchestrator.supervisor import live_supervisor
+    if rec.backend != "slurm" or rec.state in TERMINAL or live_supervisor(rec.id) is not None:
         return rec, None
     from pathlib import Path
     from launchers.base import JobHandle
@@ -274,24 +250,6 @@ def cmd_logs(args) -> int:
     return 0
 
 
-def _write_supervisor(job: str) -> None:
-    """Record this submit process as the job's supervisor (cancel signals it: it tears down and records)."""
-    from orchestrator.store import home
-    d = home() / "supervisors"
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (d / f"{job}.pid").write_text(str(os.getpid()))
-
-
-def _supervisor(job: str) -> int | None:
-    from orchestrator.proctools import alive
-    from orchestrator.store import home
-    try:
-        pid = int((home() / "supervisors" / f"{job}.pid").read_text())
-    except (OSError, ValueError):
-        return None
-    return pid if pid != os.getpid() and alive(pid) else None
-
-
 def cmd_attach(args) -> int:
     import time
     from pathlib import Path
@@ -340,12 +298,13 @@ def cmd_cancel(args) -> int:
     from orchestrator import api
     from orchestrator.spec import cluster_from_dict
     from orchestrator.store import TERMINAL, JobStore
+    from orchestrator.supervisor import live_supervisor
     rec = _record(args.job)
     if rec.state in TERMINAL:
         print(f"job {rec.id} already {rec.state}")
         return 0
     run_dir = Path(rec.run_dir)
-    sup = _supervisor(rec.id)
+    sup = live_supervisor(rec.id)
     if sup is not None:  # the submit process (attached or detached) tears down and records CANCELLED
         import signal as _signal
         import time

@@ -247,6 +247,7 @@ class Agent:
                     stopped = {g: pid for g, pid in mine.items() if state(pid) == "T"}
                     text = mon.culprit(stalls, stopped, now)
                     if health.get("stack_dumps", True) and mine:
+                        from orchestrator.node_ops import keep_stacks
                         keep_stacks(self.run_dir, mine)
                     self.hang = text
                     self.stop("hang: " + text)
@@ -328,55 +329,6 @@ def read_secrets_line() -> dict[str, str] | None:
     return data
 
 
-def recorded_agents(run_dir: Path, rank: int | None):
-    """(node rank, agent.json) of one node or of every node that recorded an agent in this run dir."""
-    nodes = run_dir / "nodes"
-    ranks = [rank] if rank is not None else sorted(int(p.name) for p in nodes.iterdir() if p.name.isdigit()) \
-        if nodes.is_dir() else []
-    for r in ranks:
-        try:
-            yield r, json.loads((nodes / str(r) / "agent.json").read_text())
-        except (OSError, ValueError):
-            continue
-
-
-def keep_stacks(run_dir: Path, pids: dict[int, int]) -> Path:
-    """py-spy stacks of the given ranks (global rank -> pid) into RUN_DIR/stacks/rank<G>.txt."""
-    from orchestrator.proctools import dump_stack
-    d = run_dir / "stacks"
-    d.mkdir(mode=0o700, exist_ok=True)
-    for g, pid in sorted(pids.items()):
-        (d / f"rank{g}.txt").write_text(dump_stack(pid))
-    return d
-
-
-def kill_node(run_dir: Path, rank: int | None, grace: float) -> int:
-    """Tear down what a node agent started, from the outside (the agent itself may be dead)."""
-    for _, info in recorded_agents(run_dir, rank):
-        pid = info.get("agent_pid")
-        if isinstance(pid, int) and alive(pid):
-            signal_pids([pid], signal.SIGTERM)
-        if info.get("token"):
-            kill_marked(info["token"], grace=grace)
-        for key in ("pgid", "agent_pgid"):
-            if isinstance(info.get(key), int) and info[key] > 1:
-                signal_group(info[key], signal.SIGKILL)
-    return 0
-
-
-def diagnose_node(run_dir: Path, rank: int | None, stacks: bool = True) -> int:
-    """Print one JSON line per node: each rank's pid and /proc state (T = stopped), and keep py-spy stacks in
-    RUN_DIR/stacks/. Run on the node (over SSH) when the monitor sees a hang, before the teardown."""
-    from orchestrator.proctools import state
-    for r, info in recorded_agents(run_dir, rank):
-        pids = marked_ranks(str(info.get("token")))
-        out = {"node_rank": r, "ranks": {str(g): {"pid": pid, "state": state(pid)} for g, pid in sorted(pids.items())}}
-        if stacks and pids:
-            out["stacks"] = str(keep_stacks(run_dir, pids))
-        print(json.dumps(out, sort_keys=True), flush=True)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m orchestrator.node_agent", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir")
@@ -407,8 +359,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     run_dir = Path(args.run_dir).expanduser().resolve()
     if args.kill:
+        from orchestrator.node_ops import kill_node
         return kill_node(run_dir, args.node_rank, args.grace)
     if args.diagnose:
+        from orchestrator.node_ops import diagnose_node
         return diagnose_node(run_dir, args.node_rank)
     try:
         secrets = read_secrets_line() if args.secrets_stdin or args.probe is not None else {}
