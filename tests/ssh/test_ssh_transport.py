@@ -130,3 +130,38 @@ def test_argv_and_env_arrive_byte_for_byte(open_pool, testbed, args, env):
     got = json.loads(out)
     assert [bytes.fromhex(a) for a in got["argv"]] == [a.encode() for a in [",".join(env), *args]]
     assert {k: bytes.fromhex(v) for k, v in got["env"].items()} == {k: v.encode() for k, v in env.items()}
+
+
+def test_sftp_from_many_threads_on_one_connection(testbed, tmp_path):
+    """Threads share a host's one SFTP session (the output pumps read exit.json while the submitter reads
+    agent.json): each request gets its own answer and none waits forever. paramiko's SFTPClient alone is not safe
+    for this: a thread can read and drop another's response (seen as a hang of the whole submit)."""
+    import threading
+    import time
+    files = {}
+    for i in range(4):
+        p = tmp_path / f"f{i}.json"  # loopback hosts share this filesystem
+        p.write_text(json.dumps({"i": i, "pad": "x" * (1000 * i)}))
+        files[i] = p
+    pool = Pool(opts(testbed))
+    errors: list = []
+    try:
+        conn = pool.connect(testbed.hosts[0])
+
+        def reader(i: int) -> None:
+            try:
+                for _ in range(60):
+                    with conn.sftp() as sftp, sftp.open(str(files[i]), "rb") as fh:
+                        assert json.loads(fh.read().decode())["i"] == i
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+        threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30  # 240 reads take ~1 s
+        for t in threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in threads), "an SFTP request waited forever"
+        assert not errors, errors
+    finally:
+        pool.close()
