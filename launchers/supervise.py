@@ -92,19 +92,15 @@ def describe_hang(run_dir, plan, stalls, monitor) -> str:
     """Name the hung rank (`HealthMonitor.culprit`: a stopped process beats the longest-silent one), keep py-spy
     stacks of every local rank in RUN_DIR/stacks/, and return the root-cause line. Only sees this machine's
     processes."""
-    import json
     import time
     from pathlib import Path
-    from orchestrator.node_ops import keep_stacks
+    from orchestrator.node_ops import keep_stacks, recorded_agents
     from orchestrator.proctools import marked_ranks, state
     run_dir = Path(run_dir)
     pids: dict[int, int] = {}
-    for node in plan.node_plans:
-        try:
-            info = json.loads((run_dir / "nodes" / str(node.node_rank) / "agent.json").read_text())
+    for _, info in recorded_agents(run_dir, None):
+        if info.get("token"):
             pids.update(marked_ranks(str(info["token"])))
-        except (OSError, ValueError, KeyError):
-            continue
     stopped = {r: pid for r, pid in sorted(pids.items()) if state(pid) == "T"}
     text = monitor.culprit(stalls, stopped, time.time())
     if plan.health.get("stack_dumps", True) and pids:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from orchestrator.hostlist import first_host
 from orchestrator.jobplan import LATE_MAIN_IP, LaunchPlan
-from orchestrator.proctools import (TOKEN_VAR, alive, group_members, kill_group, kill_marked, marked, marked_ranks,
+from orchestrator.proctools import (TOKEN_VAR, alive, kill_group, kill_marked, marked, marked_ranks,
                                    process_start_time, signal_group, signal_pids)
 
 RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
@@ -162,9 +162,8 @@ class Agent:
 
         def escalate() -> None:
             deadline = time.monotonic() + self.grace
-            while time.monotonic() < deadline and (group_members(pgid) or marked(self.token)):
-                if not marked_ranks(self.token):
-                    break  # every rank is gone (saved or not): the launcher has nothing left to wait for
+            # Until every rank is gone (saved or not): the launcher then has nothing left to wait for.
+            while time.monotonic() < deadline and marked_ranks(self.token):
                 time.sleep(0.05)
             signal_group(pgid, signal.SIGKILL)
             signal_pids(marked(self.token), signal.SIGKILL)
@@ -290,13 +289,9 @@ class Agent:
 
     def ranks_preempted(self) -> bool:
         """True when every rank of this node's last heartbeat says it stopped after a preemption save."""
-        from orchestrator.health import read_all
-        last: dict[int, str] = {}
-        for rec in read_all(self.run_dir / "heartbeats"):
-            if rec.get("rank") in self.plan.node(self.rank).ranks:
-                last[rec["rank"]] = str(rec.get("event"))
+        from orchestrator.rankwatch import last_event
         ranks = self.plan.node(self.rank).ranks
-        return bool(ranks) and all(last.get(r) == "preempted" for r in ranks)
+        return bool(ranks) and all(last_event(self.run_dir / "heartbeats", r) == "preempted" for r in ranks)
 
 
 def _child_setup() -> None:

@@ -15,15 +15,21 @@ import signal
 import time
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, pgrp) of a pid, or None when it is gone."""
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat from field 3 (state) on (the command name, which may hold spaces and ")", cut off), or
+    None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read().decode(errors="replace")
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+    except OSError:
         return None
-    rest = data[data.rfind(")") + 2:].split()
-    return rest[0], int(rest[2])
+    return data[data.rfind(")") + 2:].split()
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, pgrp) of a pid, or None when it is gone."""
+    rest = _stat_fields(pid)
+    return (rest[0], int(rest[2])) if rest else None
 
 
 def alive(pid: int) -> bool:
@@ -72,29 +78,28 @@ def kill_group(pgid: int, grace: float = 5.0, poll: float = 0.05) -> float:
 
 
 def process_start_time(pid: int | str = "self") -> float | None:
-    """Wall-clock time the kernel created `pid`: its start in clock ticks after boot, against /proc/uptime (10 ms
-    resolution; /proc/stat's btime is whole seconds)."""
+    """Wall-clock time the kernel created `pid`: its start in clock ticks after boot (field 22), against
+    /proc/uptime (10 ms resolution; /proc/stat's btime is whole seconds)."""
+    rest = _stat_fields(pid)
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        ticks = int(rest[19])  # type: ignore[index]
         with open("/proc/uptime") as fh:
             uptime = float(fh.read().split()[0])
-        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, TypeError):
         return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def zombie_exit_status(pid: int) -> int | None:
     """The exit status of a process that has exited but is not reaped yet (a zombie), as subprocess reports it
     (-N killed by signal N, else the exit code); None when it is running or already reaped. /proc/PID/stat field
     52 (Linux >= 3.5) holds the wait status until the parent reaps it."""
+    rest = _stat_fields(pid)
+    if not rest or rest[0] != "Z":
+        return None
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            rest = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
-        if rest[0] != "Z":
-            return None
         status = int(rest[49])
-    except (OSError, IndexError, ValueError):
+    except (IndexError, ValueError):
         return None
     return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
 

@@ -4,9 +4,10 @@ torchrun notices a dead worker on its own poll, then stops, prints its error tab
 measured here before the node's launch is gone, and the other nodes wait for that. `RankWatch` learns the
 pids of this node's ranks (the launch's marked processes with RANK set), holds a pidfd on each and wakes
 the moment one exits. Its exit status is read from /proc while it is a zombie (torchrun reaps on a 0.1 s
-poll, we are woken at once). A rank that exits non-zero, or whose status is unknown and whose last
-heartbeat is not "end"/"preempted", died before finishing: `wait` returns a `RankDeath` and the agent ends
-the node at once. A clean exit (status 0, or a last heartbeat "end"/"preempted") is left to torchrun.
+poll, we are woken at once). A rank that exits non-zero before its last heartbeat says "end"/"preempted",
+or whose status is unknown and whose last heartbeat is some other event, died before finishing: `wait`
+returns a `RankDeath` and the agent ends the node at once. Everything else (status 0, a failing exit after
+"end"/"preempted", or unknown status with no heartbeat to judge by) is left to torchrun.
 """
 
 from __future__ import annotations
