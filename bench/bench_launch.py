@@ -39,7 +39,7 @@ import sshd_hosts  # noqa: E402
 import yaml  # noqa: E402
 
 from orchestrator import api  # noqa: E402
-from orchestrator.proctools import alive, group_members, marked, marked_ranks  # noqa: E402
+from orchestrator.node.proctools import alive, group_members, marked, marked_ranks  # noqa: E402
 
 
 def heartbeats(run_dir: Path) -> list[dict]:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 import sshd_hosts  # noqa: E402
-from launchers.ssh_transport import Pool, SSHOptions  # noqa: E402
+from orchestrator.launchers.ssh.transport import Pool, SSHOptions  # noqa: E402
 
 
 def ours(tb, hosts) -> float:

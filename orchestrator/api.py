@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from orchestrator.errors import ConfigError, Problem
-from orchestrator.jobplan import LaunchPlan
-from orchestrator.plan import PlanFacts, make_plan
-from orchestrator.render import render_files
-from orchestrator.schema import PROFILES
-from orchestrator.spec import ClusterSpec, RecipeSpec, load
+from orchestrator.core.jobplan import LaunchPlan
+from orchestrator.core.plan import PlanFacts, make_plan
+from orchestrator.core.render import render_files
+from orchestrator.core.schema import PROFILES
+from orchestrator.core.spec import ClusterSpec, RecipeSpec, load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILE_DIR = REPO_ROOT / "cluster_configs" / "profiles"
@@ -129,11 +129,8 @@ def resolve_paths(recipe: RecipeSpec, cwd: Path) -> RecipeSpec:
 
 
 def _builtin_models() -> dict[str, dict]:
-    try:
-        from recipes.tiny import BUILTIN_MODELS
-        return BUILTIN_MODELS
-    except ImportError:
-        return {}
+    from orchestrator.core.models import BUILTIN_MODELS
+    return BUILTIN_MODELS
 
 
 def model_facts(recipe: RecipeSpec) -> dict[str, Any] | None:
@@ -163,7 +160,7 @@ def load_profile(recipe: RecipeSpec, cwd: Path) -> tuple[str, dict[str, Any]]:
             raise ConfigError(Problem("launch.profile", f"accelerate config file not found: {path}"),
                               source=recipe.source)
     else:
-        from orchestrator.schema import suggest
+        from orchestrator.core.schema import suggest
         raise ConfigError(Problem("launch.profile", f"unknown profile {profile!r}; one of {', '.join(PROFILES)} "
                                                     f"or a path to an accelerate YAML" + suggest(profile, PROFILES)),
                           source=recipe.source)
@@ -251,14 +248,14 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
     run_dir = Path(plan.run_dir) if prepared.cluster.kind != "ssh" or (prepared.cluster.ssh and
                                                                         prepared.cluster.ssh.shared_fs) \
         else _home() / "runs" / plan.job_id
-    from orchestrator.spec import cluster_to_dict
+    from orchestrator.core.spec import cluster_to_dict
     write_files(dict(prepared.files, **{"cluster.json": json.dumps(cluster_to_dict(prepared.cluster), indent=2,
                                                                    sort_keys=True) + "\n"}), run_dir)
     store = JobStore()
     store.create(job_id=plan.job_id, recipe=prepared.recipe.source, recipe_digest=digest(prepared.files["recipe.yaml"]),
                  cluster=prepared.cluster.name, backend=prepared.cluster.kind, nodes=plan.nodes,
                  world_size=plan.world_size, run_dir=str(run_dir))
-    max_restarts = int(plan.health.get("max_restarts", 0))
+    max_restarts = int(plan.health.max_restarts)
     restarts, stalled_attempts, best_step = 0, 0, -1
     while True:
         result = _run_once(prepared, store, run_dir, restarts, on_line, on_event)
@@ -284,9 +281,9 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
 
 
 def make_launcher(cluster: ClusterSpec, local_run_dir: Path | None = None):
-    from launchers import get_launcher
+    from orchestrator.launchers import get_launcher
     if cluster.kind == "ssh":
-        from launchers.ssh import SSHLauncher
+        from orchestrator.launchers.ssh.launcher import SSHLauncher
         return SSHLauncher(cluster, local_run_dir=str(local_run_dir) if local_run_dir else None)
     return get_launcher(cluster.kind, cluster)
 
@@ -314,7 +311,7 @@ def _run_once(prepared: Prepared, store, run_dir: Path, attempt: int, on_line, o
     try:
         return launcher.wait(handle, on_line=on_line)
     except KeyboardInterrupt:  # launchers that do not handle Ctrl-C themselves: cancel through the backend
-        from launchers.base import JobResult
+        from orchestrator.types import JobResult
         launcher.cancel(handle)
         return JobResult("CANCELLED", 130, "cancelled by the user (Ctrl-C)")
 

@@ -15,7 +15,7 @@ import os
 import socket
 import time
 
-from orchestrator.proctools import process_start_time
+from orchestrator.node.proctools import process_start_time
 
 
 def mark(event: str, **extra) -> None:

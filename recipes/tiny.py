@@ -1,8 +1,7 @@
 """Built-in tiny models (`tiny-llama`, `tiny-qwen2`): random weights and a byte-level BPE tokenizer,
 built locally (no hub access) into ORCHESTRATE_CACHE/tiny/<id>-v1/ on first use.
 
-Owns: `BUILTIN_MODELS` (plain numbers, importable without torch/transformers: the core reads the head
-counts from it for validation), `resolve_model_path`, and the race-free build (temp dir + atomic
+Owns `resolve_model_path` (the shapes live in orchestrator.core.models), and the race-free build (temp dir + atomic
 rename; several ranks or nodes may build at once, the loser discards its copy).
 """
 
@@ -13,25 +12,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from orchestrator.core.models import BUILTIN_MODELS, VOCAB_SIZE  # noqa: F401 - re-exported
+
 VERSION = "v1"
 SEED = 1234
-VOCAB_SIZE = 512
-
-_COMMON = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 1024,
-    "vocab_size": VOCAB_SIZE,
-    "tie_word_embeddings": False,
-}
-
-BUILTIN_MODELS: dict[str, dict] = {
-    "tiny-llama": {"architecture": "llama", **_COMMON},
-    "tiny-qwen2": {"architecture": "qwen2", **_COMMON},
-}
 
 _REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 

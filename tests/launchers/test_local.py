@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator import api
-from orchestrator.jobplan import LaunchPlan
-from orchestrator.proctools import alive, group_members, marked
-from orchestrator.render import render_files
+from orchestrator.core.jobplan import LaunchPlan
+from orchestrator.node.proctools import alive, group_members, marked
+from orchestrator.core.render import render_files
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("dist_probe.py")
@@ -101,7 +101,7 @@ def test_failing_rank_fails_job_and_names_it(tmp_path):
 
 def test_sigkilled_rank_tears_down_every_node(tmp_path):
     prep, out = probe_prepared(tmp_path, 2, 1, "loop")
-    from launchers.local import LocalLauncher
+    from orchestrator.launchers.local import LocalLauncher
     launcher = LocalLauncher()
     api.write_files(prep.files, Path(prep.plan.run_dir))
     handle = launcher.submit(launcher.prepare(prep.plan))
@@ -124,7 +124,7 @@ def test_sigkilled_rank_tears_down_every_node(tmp_path):
 def test_ctrl_c_stops_everything(tmp_path):
     prep, out = probe_prepared(tmp_path, 2, 1, "loop")
     script = (f"import sys, dataclasses; sys.path.insert(0, {str(REPO)!r})\n"
-              "from orchestrator import api\nfrom orchestrator.jobplan import LaunchPlan\n"
+              "from orchestrator import api\nfrom orchestrator.core.jobplan import LaunchPlan\n"
               f"import pickle; prep = pickle.load(open({str(tmp_path / 'prep.pkl')!r}, 'rb'))\n"
               "r = api.submit(prep)\nprint('RESULT', r.state, r.returncode, flush=True)\n"
               "sys.exit(r.returncode)\n")
@@ -165,7 +165,7 @@ def test_killed_submitter_leaves_no_orphans(tmp_path):
 @pytest.mark.health
 def test_sigstopped_rank_is_detected_as_hang_and_torn_down(tmp_path):
     prep, out = probe_prepared(tmp_path, 2, 1, "loop", stall=3)
-    from launchers.local import LocalLauncher
+    from orchestrator.launchers.local import LocalLauncher
     launcher = LocalLauncher(grace=2)
     run_dir = Path(prep.plan.run_dir)
     api.write_files(prep.files, run_dir)

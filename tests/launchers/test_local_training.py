@@ -74,7 +74,7 @@ def test_detach_attach_and_cancel(tmp_path):
     detaches; cancel from another process stops every process and records CANCELLED."""
     import signal
     import time
-    from orchestrator.proctools import marked
+    from orchestrator.node.proctools import marked
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     cli = [sys.executable, "-m", "orchestrator.cli"]
     r = subprocess.run([*cli, "submit", "recipes/configs/sft_tiny.yaml", "--nodes", "2", "--detach",

@@ -59,7 +59,7 @@ def wait_clean(timeout: float = 15.0) -> dict[str, list[str]]:
 
 def local_cluster(**slurm_overrides):
     """The testbed ClusterSpec (cluster_configs/slurm_local.yaml) with this interpreter as python."""
-    from orchestrator.spec import parse_cluster, read_yaml
+    from orchestrator.core.spec import parse_cluster, read_yaml
     c = parse_cluster(read_yaml(str(REPO / "cluster_configs" / "slurm_local.yaml"), "cluster"),
                       str(REPO / "cluster_configs" / "slurm_local.yaml"))
     return replace(c, slurm=replace(c.slurm, python=sys.executable, workdir=str(WORK), **slurm_overrides))
@@ -67,7 +67,7 @@ def local_cluster(**slurm_overrides):
 
 def trivial_plan(name: str, payload_args: list[str], nodes: int = NODES, cluster=None):
     """A LaunchPlan whose nodes run tests/slurm/payload.py (no torch): launcher mechanics only."""
-    from orchestrator.jobplan import LATE_MAIN_IP, LaunchPlan, NodePlan
+    from orchestrator.core.jobplan import LATE_MAIN_IP, LaunchPlan, NodePlan
     job_id = f"{name}-{int(time.time() * 1000) % 10**9}"
     run_dir = str(WORK / "runs" / job_id)
     cmd = (sys.executable, str(PAYLOAD), *payload_args)
@@ -87,7 +87,7 @@ def trivial_plan(name: str, payload_args: list[str], nodes: int = NODES, cluster
 
 
 def heartbeat_step(run_dir: str | Path) -> int:
-    from launchers.slurm_task import latest_step
+    from orchestrator.launchers.slurm.task import latest_step
     return latest_step(Path(run_dir)) or 0
 
 

@@ -18,8 +18,8 @@ import pytest
 
 from slurm_helpers import (REPO, heartbeat_step, local_cluster, node_namespace_leftovers, trivial_plan, wait_clean,
                       wait_until)
-from launchers.base import JobHandle
-from launchers.slurm import SlurmLauncher
+from orchestrator.types import JobHandle
+from orchestrator.launchers.slurm.launcher import SlurmLauncher
 from orchestrator.errors import ConfigError
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
@@ -225,7 +225,7 @@ def _rank_pid(ns: str) -> int | None:
 
 
 def test_sft_rank_killed_fails_within_seconds(slurm_cluster):
-    from launchers.base import JobHandle  # noqa: F401
+    from orchestrator.types import JobHandle  # noqa: F401
     from orchestrator import api
     prep = _prepare_sft("kill", "trainer.max_steps=100000")
     run_dir = Path(prep.plan.run_dir)

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from launchers.sbatch import check_slurm, render_sbatch, time_seconds
-from launchers.slurm import STATE_TABLE, SlurmLauncher, job_id_of, map_state
-from launchers.slurm_task import may_requeue
+from orchestrator.launchers.slurm.sbatch import check_slurm, render_sbatch, time_seconds
+from orchestrator.launchers.slurm.launcher import STATE_TABLE, SlurmLauncher, job_id_of, map_state
+from orchestrator.launchers.slurm.task import may_requeue
 from orchestrator.errors import ConfigError
-from orchestrator.hostlist import expand, first_host
-from orchestrator.jobplan import LATE_MAIN_IP, LaunchPlan, NodePlan
-from orchestrator.spec import SlurmSpec, parse_cluster, read_yaml
+from orchestrator.core.hostlist import expand, first_host
+from orchestrator.core.jobplan import LATE_MAIN_IP, LaunchPlan, NodePlan
+from orchestrator.core.spec import SlurmSpec, parse_cluster, read_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "slurm"
@@ -92,8 +92,8 @@ def test_rank_is_never_bound_in_the_batch_shell():
         assert var not in code, var
     srun = text[text.index("\nsrun "):].split("&\n")[0]
     assert "--kill-on-bad-exit=1" in srun and "--ntasks-per-node=1" in srun
-    assert '"$PYTHON" -m orchestrator.node_agent "$RUN_DIR"' in srun
-    from orchestrator.node_agent import bind_main_ip, bind_rank
+    assert '"$PYTHON" -m orchestrator.node.agent "$RUN_DIR"' in srun
+    from orchestrator.node.agent import bind_main_ip, bind_rank
     for r in range(2):
         assert bind_rank(None, {"SLURM_NODEID": str(r)}, 2) == r
     assert bind_main_ip(None, LATE_MAIN_IP, {"SLURM_JOB_NODELIST": "node[1-2]"}) == "node1"

@@ -54,8 +54,8 @@ def testbed(tmp_path_factory):
 
 @pytest.fixture
 def make_cluster(testbed):
-    """make_cluster(hosts=None, **ssh_overrides) -> ClusterSpec validated by orchestrator.spec."""
-    from orchestrator.spec import parse_cluster
+    """make_cluster(hosts=None, **ssh_overrides) -> ClusterSpec validated by orchestrator.core.spec."""
+    from orchestrator.core.spec import parse_cluster
 
     def make(hosts=None, **over):
         block = testbed.ssh_block(**over)
@@ -85,9 +85,9 @@ def _base_prepared(cluster):
 def trivial_job(testbed, make_cluster, tmp_path):
     """trivial_job(commands={rank: argv}, env={rank: {...}}, secret_env=(), hosts=None, **ssh_over)
     -> (launcher, submission, local_run_dir, plan): a plan whose nodes run `argv` under the real agent."""
-    from launchers.ssh import SSHLauncher
-    from orchestrator.jobplan import LaunchPlan, NodePlan
-    from orchestrator.render import render_files
+    from orchestrator.launchers.ssh.launcher import SSHLauncher
+    from orchestrator.core.jobplan import LaunchPlan, NodePlan
+    from orchestrator.core.render import render_files
 
     def make(commands, env=None, secret_env=(), hosts=None, tag="job", port=29500, nodes=None, **over):
         cluster = make_cluster(hosts=hosts, **over)

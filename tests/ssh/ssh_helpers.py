@@ -29,7 +29,7 @@ def live_members(pgids) -> list[int]:
     """Non-zombie processes of the given process groups (ints) and of the given job markers (str tokens from
     agent.json: torchrun starts every rank in a session of its own, so groups alone would miss the ranks).
     All 'hosts' are this machine."""
-    from orchestrator.proctools import group_members, marked
+    from orchestrator.node.proctools import group_members, marked
     return sorted({pid for g in pgids for pid in (marked(g) if isinstance(g, str) else group_members(int(g)))})
 
 

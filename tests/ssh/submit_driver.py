@@ -12,9 +12,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from launchers.ssh import SSHLauncher  # noqa: E402
-from orchestrator.jobplan import LaunchPlan  # noqa: E402
-from orchestrator.spec import parse_cluster  # noqa: E402
+from orchestrator.launchers.ssh.launcher import SSHLauncher  # noqa: E402
+from orchestrator.core.jobplan import LaunchPlan  # noqa: E402
+from orchestrator.core.spec import parse_cluster  # noqa: E402
 
 
 def main() -> int:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from ssh_helpers import REPO, agent_info
-from orchestrator.proctools import marked
+from orchestrator.node.proctools import marked
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ if not (REPO / "recipes" / "run.py").exists() or not (REPO / "orchestrator" / "n
 @pytest.fixture
 def sft(testbed, tmp_path, monkeypatch):
     """sft(max_steps) -> (launcher, submission, plan, local run dir) for recipes/configs/sft_tiny.yaml on 2 hosts."""
-    from launchers.ssh import SSHLauncher
+    from orchestrator.launchers.ssh.launcher import SSHLauncher
     from orchestrator import api
 
     monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path / "home"))
@@ -82,7 +82,7 @@ def _rank_pid(testbed, plan, node: int) -> tuple[int, list[int]]:
         a = agent_info(testbed, n.host, plan.job_id, n.node_rank, timeout=30)
         groups += [a["agent_pgid"], a["pgid"], a["token"]]
     a = agent_info(testbed, plan.node_plans[node].host, plan.job_id, node)
-    from orchestrator.proctools import marked_ranks
+    from orchestrator.node.proctools import marked_ranks
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # the worker (RANK set), not `accelerate launch` whose argv also says recipes.run
         pid = marked_ranks(a["token"]).get(plan.node_plans[node].ranks[0])

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launchers.ssh_transport import HostError, Pool, SSHOptions, remote_command
+from orchestrator.launchers.ssh.transport import HostError, Pool, SSHOptions, remote_command
 
 
 def opts(tb, **over) -> SSHOptions:

@@ -21,7 +21,7 @@ def run(*args, cwd=REPO, env=None):
 
 
 def test_help_is_fast_and_imports_nothing_heavy():
-    code = ("import sys, time; t = time.perf_counter(); from orchestrator.cli import main\n"
+    code = ("import sys, time; t = time.perf_counter(); from orchestrator.cli.main import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "heavy = [m for m in ('torch', 'transformers', 'trl', 'deepspeed', 'paramiko', 'submitit', 'accelerate', "
             "'omegaconf', 'rich') if m in sys.modules]\n"
@@ -129,5 +129,5 @@ CLUSTERS = sorted((REPO / "cluster_configs").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", CLUSTERS, ids=[p.name for p in CLUSTERS])
 def test_every_shipped_cluster_validates(path):
-    from orchestrator.spec import parse_cluster, read_yaml
+    from orchestrator.core.spec import parse_cluster, read_yaml
     parse_cluster(read_yaml(path, "cluster"), source=str(path))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.logtail import LogTail, log_filter
+from orchestrator.cli.logtail import LogTail, log_filter
 
 
 def test_log_filter():

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.proctools import TOKEN_VAR, zombie_exit_status
-from orchestrator.rankwatch import RankDeath, RankWatch, last_event
+from orchestrator.node.proctools import TOKEN_VAR, zombie_exit_status
+from orchestrator.node.rankwatch import RankDeath, RankWatch, last_event
 
 SCRIPT = r"""
 import json, os, sys, time

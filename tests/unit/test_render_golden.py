@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from orchestrator.api import PROFILE_DIR
-from orchestrator.plan import PlanFacts, make_plan
-from orchestrator.render import render_files, summary
-from orchestrator.spec import parse_cluster, parse_recipe
+from orchestrator.core.plan import PlanFacts, make_plan
+from orchestrator.core.render import render_files, summary
+from orchestrator.core.spec import parse_cluster, parse_recipe
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 RECIPE = {"recipe": "sft", "model": {"name_or_path": "tiny-llama", "attn_implementation": "sdpa"},
@@ -99,5 +99,5 @@ def test_profile_blocks_match_trl(profile):
 
 def test_accelerate_key_list_in_sync():
     from accelerate.commands.config.config_args import ClusterConfig
-    from orchestrator.plan import ACCELERATE_KEYS
+    from orchestrator.core.plan import ACCELERATE_KEYS
     assert {f.name for f in dataclasses.fields(ClusterConfig)} <= ACCELERATE_KEYS

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.hostlist import HostlistError, expand
-from orchestrator.jobplan import LATE_MAIN_IP, LaunchPlan
-from orchestrator.plan import PlanFacts, make_plan, parse_time_s
-from orchestrator.spec import parse_cluster, parse_dotlist, parse_recipe
+from orchestrator.core.hostlist import HostlistError, expand
+from orchestrator.core.jobplan import LATE_MAIN_IP, LaunchPlan
+from orchestrator.core.plan import PlanFacts, make_plan, parse_time_s
+from orchestrator.core.spec import parse_cluster, parse_dotlist, parse_recipe
 
 BASE = {"recipe": "sft", "model": {"name_or_path": "tiny-llama"}, "data": {"path": "/data/x.jsonl"},
         "trainer": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "max_length": 512}}
@@ -227,7 +227,7 @@ def test_slurm_time_parsing():
 
 
 def test_1024_nodes_plan_and_render_fast():
-    from orchestrator.render import render_files
+    from orchestrator.core.render import render_files
     ssh = parse_cluster({"kind": "ssh", "ssh": {"hosts": "n[0001-1024]"}})
     r = recipe(launch__nodes=1024, launch__procs_per_node=8)
     t0 = time.perf_counter()

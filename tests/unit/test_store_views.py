@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.store import JobStore
-from orchestrator.views import jobs_text, sparkline, status_text
+from orchestrator.cli.views import jobs_text, sparkline, status_text
 from view_helpers import JOB_ROWS, status_fixture
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_sparkline():
 
 @pytest.mark.health
 def test_status_text_golden(tmp_path):
-    from orchestrator.views import job_status
+    from orchestrator.cli.views import job_status
     st = job_status(status_fixture(tmp_path), now=1010.0)
     text = status_text(st).replace(str(tmp_path), "TMP")
     assert text == """job      sft-1
@@ -91,7 +91,7 @@ def test_jobs_text_golden():
 
 @pytest.mark.health
 def test_plot_png(tmp_path):
-    from orchestrator.plot import plot_job
+    from orchestrator.cli.plot import plot_job
     rec = status_fixture(tmp_path)
     png = plot_job(rec["run_dir"], str(tmp_path / "p.png"), "sft-1")
     data = png.read_bytes()
@@ -100,8 +100,8 @@ def test_plot_png(tmp_path):
 
 @pytest.mark.health
 def test_hang_culprit_prefers_a_stopped_rank_even_under_its_limit():
-    from orchestrator.health import HealthMonitor
-    m = HealthMonitor({"stall_timeout": 8}, world_size=2, started=0.0)
+    from orchestrator.core.health import HealthMonitor, HealthSpec
+    m = HealthMonitor(HealthSpec(stall_timeout=8), world_size=2, started=0.0)
     m.feed({"rank": 0, "host": "a", "step": 5, "event": "step"}, received=100.0)
     m.feed({"rank": 1, "host": "b", "step": 5, "event": "step"}, received=101.0)  # forwarded a moment later
     stalls = m.stalls(108.5)
@@ -112,7 +112,7 @@ def test_hang_culprit_prefers_a_stopped_rank_even_under_its_limit():
 
 
 def test_completed_text():
-    from orchestrator.views import completed_text
+    from orchestrator.cli.views import completed_text
     assert completed_text("j", {}) == "job j COMPLETED"
     assert completed_text("j", {"first_loss": 6.0, "final_loss": 2.25, "global_step": 10, "output_dir": "/o",
                                 "last_checkpoint": "/o/checkpoint-10"}) == \

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from orchestrator import tty
+from orchestrator.cli import tty
 from orchestrator.store import JobStore
-from orchestrator.views import job_status, jobs_text, rank_rows, status_text
+from orchestrator.cli.views import job_status, jobs_text, rank_rows, status_text
 from view_helpers import JOB_ROWS, status_fixture
 
 REPO = Path(__file__).resolve().parents[2]

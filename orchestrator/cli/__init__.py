@@ -1,0 +1,1 @@
+"""The face: argv parsing, views, terminal rendering, progress, log tails, plots. Parse -> api call -> print."""

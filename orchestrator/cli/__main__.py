@@ -1,0 +1,7 @@
+"""`python -m orchestrator.cli ...` is `orchestrate ...`."""
+
+import sys
+
+from orchestrator.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,362 @@
+"""`orchestrate` command line: argument parsing, the commands, one-line errors, exit codes.
+
+What the commands print lives elsewhere: `views` (data and plain text), `tty` (rich tables on a terminal),
+`logtail` (node logs), `progress` (training progress). Imports nothing heavy at start-up (`orchestrate
+--help` must stay fast): the api, launchers and rich are imported inside the commands that need them.
+Exit codes: 0 ok, 1 job failed, 2 bad input, 130 cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from orchestrator import __version__
+from orchestrator.errors import OrchestratorError
+
+EPILOG = """examples:
+  orchestrate submit recipes/configs/sft_tiny.yaml
+  orchestrate submit recipe.yaml --nodes 2 --cluster cluster_configs/ssh_example.yaml trainer.learning_rate=1e-4
+  orchestrate render recipe.yaml --nodes 2 --out /tmp/plan
+  orchestrate submit recipe.yaml --detach ; orchestrate attach JOB
+  orchestrate ls | status JOB | logs JOB [-f] [--rank R|--node N] [--grep RE] | plot JOB | cancel JOB
+  orchestrate status JOB --color always | less -R     # rich tables into a pipe (--json for scripts)
+"""
+
+
+def _add_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", help="recipe YAML (recipes/configs/*.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotlist overrides, e.g. trainer.max_steps=10; "
+                                                                      "cluster.<key>=... overrides the cluster file")
+    p.add_argument("--nodes", "-N", type=int, default=None, help="number of nodes (launch.nodes)")
+    p.add_argument("--procs-per-node", type=int, default=None, help="processes per node (launch.procs_per_node)")
+    p.add_argument("--profile", default=None, help="accelerate profile: multi_gpu zero1 zero2 zero3 fsdp1 fsdp2 "
+                                                   "context_parallel alst_ulysses, or a YAML path")
+    p.add_argument("--cluster", "-c", default=None, help="cluster YAML (default: this machine)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="orchestrate", description="Multi-node LLM training jobs on this machine, "
+                                 "SSH hosts or SLURM, with accelerate + TRL.", epilog=EPILOG,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"orchestrate {__version__}")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+
+    s = sub.add_parser("submit", help="validate, plan and run a job", description="Validate, plan and run a job; "
+                       "streams every node's output, fails fast, exits non-zero when the job fails.")
+    _add_plan_args(s)
+    s.add_argument("--quiet", "-q", action="store_true", help="do not stream node output (progress only)")
+    _add_color(s, "with --quiet, a rich progress bar", "plain `progress:` lines")
+    s.add_argument("--dry-run", action="store_true", help="print the plan and stop (like render, without files)")
+    s.add_argument("--detach", "-d", action="store_true", help="validate, start a background supervisor that runs "
+                   "and monitors the job, print its id and return (then: orchestrate attach JOB)")
+    s.add_argument("--job-id", default=None, help=argparse.SUPPRESS)
+
+    r = sub.add_parser("render", help="dry run: write the plan and every per-node file to a directory",
+                       description="Dry run: writes DIR/plan.json, DIR/recipe.yaml and DIR/nodes/<rank>/"
+                                   "{accelerate.yaml,command.txt}; touches nothing else.")
+    _add_plan_args(r)
+    r.add_argument("--out", "-o", required=True, help="output directory")
+    r.add_argument("--json", action="store_true", help="print the plan as JSON instead of the summary")
+
+    ls = sub.add_parser("ls", help="recent jobs (state, nodes, step, age, root cause)")
+    ls.add_argument("--limit", type=int, default=20)
+    st = sub.add_parser("status", help="one job per node and rank: host, step, loss, heartbeat age, exit code")
+    st.add_argument("job", help="job id (a unique prefix is enough)")
+    for view in (ls, st):
+        view.add_argument("--json", action="store_true", help="machine-readable output (unchanged by --color)")
+        _add_color(view, "rich tables with coloured states", "the plain aligned text that pipes get")
+    at = sub.add_parser("attach", help="follow a running job (logs and progress) until it ends; Ctrl-C detaches")
+    at.add_argument("job")
+    at.add_argument("--quiet", "-q", action="store_true", help="progress only, no node output")
+    _add_color(at, "rich progress bar", "plain `progress:` lines")
+    lg = sub.add_parser("logs", help="a job's logs, merged and prefixed by node")
+    lg.add_argument("job")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    who = lg.add_mutually_exclusive_group()
+    who.add_argument("--node", type=int, default=None, help="only this node")
+    who.add_argument("--rank", type=int, default=None, help="only the node of this global rank, and its lines")
+    lg.add_argument("--grep", default=None, metavar="RE", help="only lines matching this regular expression")
+    pl = sub.add_parser("plot", help="PNG of loss and tokens/s per rank over steps")
+    pl.add_argument("job")
+    pl.add_argument("--out", "-o", default=None, help="PNG path (default RUN_DIR/plot.png)")
+    c = sub.add_parser("cancel", help="cancel a job: every process on every node")
+    c.add_argument("job")
+    return ap
+
+
+def _prepare(args, run_dir: str | None = None):
+    from orchestrator import api
+    return api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
+                       profile=args.profile, overrides=args.overrides, run_dir=run_dir,
+                       job_id=getattr(args, "job_id", None))
+
+
+def _add_color(p: argparse.ArgumentParser, rich: str, plain: str) -> None:
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help=f"{rich}: auto (default) when stdout is a terminal or FORCE_COLOR is set, always, or never "
+                        f"({plain})")
+
+
+def cmd_render(args) -> int:
+    from pathlib import Path
+    from orchestrator import api
+    from orchestrator.core.render import summary
+    out = Path(args.out).expanduser().resolve()
+    prepared = _prepare(args, run_dir=str(out))
+    api.write_files(prepared.files, out)
+    if args.json:
+        print(prepared.plan.to_json(), end="")
+    else:
+        print(summary(prepared.plan))
+        extra = ", job.sbatch (submit it by hand with: sbatch " + str(out / "job.sbatch") + ")" \
+            if "job.sbatch" in prepared.files else ""
+        print(f"wrote {len(prepared.files)} files to {out}/ (plan.json, recipe.yaml, nodes/<rank>/accelerate.yaml, "
+              f"nodes/<rank>/command.txt{extra})")
+    return 0
+
+
+def cmd_submit(args) -> int:
+    from orchestrator import api
+    from orchestrator.core.render import summary
+    prepared = _prepare(args)
+    print(summary(prepared.plan), flush=True)
+    if args.dry_run:
+        return 0
+    if args.detach:
+        from orchestrator.detach import detach
+        return detach(sys.argv[1:] if args._argv is None else args._argv, prepared)
+    from orchestrator.node.heartbeat import parse_forwarded
+    from orchestrator.cli.progress import Progress
+    result_line: dict = {}
+    hosts = {n.node_rank: n.host or f"node{n.node_rank}" for n in prepared.plan.node_plans}
+    from orchestrator.cli.tty import use_rich
+    progress = Progress(rich=args.quiet and use_rich(args.color))
+
+    def on_line(rank: int, line: str) -> None:
+        hb = parse_forwarded(line)
+        if hb is not None:
+            progress.feed(hb)
+            return
+        if line.startswith("ORCHESTRATE_RESULT "):
+            try:
+                result_line.update(json.loads(line.split(" ", 1)[1]))
+            except ValueError:
+                pass
+        if not args.quiet:
+            print(f"[{hosts.get(rank, '?')} node{rank}] {line}", flush=True)
+
+    def on_event(kind: str, data: dict) -> None:
+        if kind == "submitting":
+            print(f"job {data['job_id']}: run dir {data['run_dir']}", flush=True)
+        elif kind == "restart":
+            print(f"job {data['job_id']}: restart {data['restart']}/{data['max_restarts']} from the latest "
+                  f"checkpoint (furthest step {data['step']}): {data['reason']}", flush=True)
+
+    from orchestrator.detach import record_self
+    record_self(prepared.plan.job_id)
+    try:
+        result = api.submit(prepared, on_line=on_line, on_event=on_event)
+    finally:
+        progress.close()
+    job = prepared.plan.job_id
+    if result.state == "COMPLETED":
+        from orchestrator.cli.views import completed_text
+        print(completed_text(job, result_line))
+        return 0
+    print(f"job {job} {result.state}: {result.root_cause}", file=sys.stderr)
+    return result.returncode or 1
+
+
+def _record(job: str):
+    from orchestrator.errors import ConfigError
+    from orchestrator.store import JobStore
+    rec = JobStore().get(job)
+    if rec is None:
+        raise ConfigError(f"job {job!r} not found (see `orchestrate ls`)")
+    return rec
+
+
+def cmd_ls(args) -> int:
+    from orchestrator.store import JobStore
+    from orchestrator.cli.views import last_step
+    rows = [dict(r.to_dict(), step=last_step(r.run_dir)) for r in JobStore().list(args.limit)]
+    if args.json:
+        print(json.dumps(rows, indent=2, sort_keys=True))
+    else:
+        from orchestrator.cli.tty import show_jobs
+        show_jobs(rows, args.color)
+    return 0
+
+
+def _refresh_from_scheduler(rec):
+    """A scheduler-run job (SLURM) lives on without its submitting terminal: ask the scheduler, record a final
+    state the store has not seen, and return (record, scheduler state text or None)."""
+    from orchestrator.store import TERMINAL, JobStore
+    from orchestrator.detach import live_supervisor
+    if rec.backend != "slurm" or rec.state in TERMINAL or live_supervisor(rec.id) is not None:
+        return rec, None
+    from pathlib import Path
+    from orchestrator.types import JobHandle
+    from orchestrator import api
+    from orchestrator.core.spec import cluster_from_dict
+    run_dir = Path(rec.run_dir)
+    try:
+        cluster = cluster_from_dict(json.loads((run_dir / "cluster.json").read_text()))
+        h = json.loads((run_dir / "handle.json").read_text())
+        launcher = api.make_launcher(cluster, run_dir)
+        handle = JobHandle(h["uri"], dict(h.get("data") or {}, run_dir=str(run_dir)))
+        q = launcher.query(handle)
+    except Exception as e:  # noqa: BLE001 - status must still show what the store knows
+        return rec, f"unknown ({type(e).__name__}: {str(e)[:120]})"
+    if q["terminal"]:
+        res = launcher.result(handle, q)
+        JobStore().update(rec.id, res.state, detail=res.root_cause or None, exit_code=res.returncode,
+                          root_cause=res.root_cause or None)
+        rec = JobStore().get(rec.id)
+    return rec, f"{q['state']} (SLURM {q['slurm_state']}{', ' + q['reason'] if q.get('reason') else ''})"
+
+
+def cmd_status(args) -> int:
+    from orchestrator.cli.views import job_status
+    rec, sched = _refresh_from_scheduler(_record(args.job))
+    st = job_status(rec.to_dict())
+    if sched:
+        st["scheduler"] = sched
+    if args.json:
+        print(json.dumps(st, indent=2, sort_keys=True))
+    else:
+        from orchestrator.cli.tty import show_status
+        show_status(st, args.color)
+    return 0
+
+
+def cmd_logs(args) -> int:
+    import time
+    from orchestrator.cli.logtail import LogTail
+    from orchestrator.store import TERMINAL, JobStore
+    rec = _record(args.job)
+    tail = LogTail(rec.run_dir, node=args.node, rank=args.rank, grep=args.grep)
+    tail.drain()
+    while args.follow:
+        state = JobStore().get(rec.id).state
+        time.sleep(0.5)
+        tail.drain()
+        if state in TERMINAL:
+            break
+    return 0
+
+
+def cmd_attach(args) -> int:
+    import time
+    from pathlib import Path
+    from orchestrator.node.heartbeat import HeartbeatTail
+    from orchestrator.cli.logtail import LogTail
+    from orchestrator.cli.progress import Progress
+    from orchestrator.store import TERMINAL, JobStore
+    rec = _record(args.job)
+    print(f"attached to job {rec.id} ({rec.state}); Ctrl-C detaches, the job keeps running", flush=True)
+    from orchestrator.cli.tty import use_rich
+    progress = Progress(rich=use_rich(args.color))
+    beats = HeartbeatTail(Path(rec.run_dir) / "heartbeats", {0})
+    tail = LogTail(rec.run_dir)
+    try:
+        while True:
+            state = JobStore().get(rec.id).state
+            if not args.quiet:
+                tail.drain()
+            for b in beats.read():
+                progress.feed(b)
+            if state in TERMINAL:
+                break
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        progress.close()
+        print(f"detached from job {rec.id}; it keeps running (orchestrate attach {rec.id})")
+        return 0
+    progress.close()
+    rec = JobStore().get(rec.id)
+    print(f"job {rec.id} {rec.state}" + (f": {rec.root_cause}" if rec.root_cause else ""))
+    return 0 if rec.state == "COMPLETED" else (rec.exit_code or 1)
+
+
+def cmd_plot(args) -> int:
+    from pathlib import Path
+    from orchestrator.cli.plot import plot_job
+    rec = _record(args.job)
+    path = plot_job(rec.run_dir, args.out or str(Path(rec.run_dir) / "plot.png"), title=rec.id)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_cancel(args) -> int:
+    from pathlib import Path
+    from orchestrator.types import JobHandle
+    from orchestrator import api
+    from orchestrator.core.spec import cluster_from_dict
+    from orchestrator.store import TERMINAL, JobStore
+    from orchestrator.detach import live_supervisor
+    rec = _record(args.job)
+    if rec.state in TERMINAL:
+        print(f"job {rec.id} already {rec.state}")
+        return 0
+    run_dir = Path(rec.run_dir)
+    sup = live_supervisor(rec.id)
+    if sup is not None:  # the submit process (attached or detached) tears down and records CANCELLED
+        import signal as _signal
+        import time
+        os.kill(sup, _signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and JobStore().get(rec.id).state not in TERMINAL:
+            time.sleep(0.2)
+        print(f"job {rec.id} {JobStore().get(rec.id).state}")
+        return 0
+    if rec.backend == "local":
+        from orchestrator.launchers.local import cancel_run_dir
+        cancel_run_dir(run_dir)
+    else:
+        try:
+            cluster = cluster_from_dict(json.loads((run_dir / "cluster.json").read_text()))
+            h = json.loads((run_dir / "handle.json").read_text())
+        except (OSError, ValueError) as e:
+            raise OrchestratorError(f"job {rec.id}: cannot cancel, run dir incomplete ({e})") from None
+        api.make_launcher(cluster, run_dir).cancel(JobHandle(h["uri"], dict(h.get("data") or {}, run_dir=str(run_dir))))
+    JobStore().update(rec.id, "CANCELLED", detail="cancelled by the user")
+    print(f"job {rec.id} cancelled")
+    return 0
+
+
+COMMANDS = {"submit": cmd_submit, "render": cmd_render, "ls": cmd_ls, "status": cmd_status, "logs": cmd_logs,
+            "attach": cmd_attach, "plot": cmd_plot, "cancel": cmd_cancel}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    args._argv = list(argv) if argv is not None else None
+    if extra:
+        # overrides may come after options (`render r.yaml --out d a.b=1`): argparse leaves them over
+        if getattr(args, "overrides", None) is None or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = list(args.overrides) + extra
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except OrchestratorError as e:
+        if args.debug:
+            import traceback
+            traceback.print_exc()
+        print(f"orchestrate: error: {e.one_line()}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("orchestrate: cancelled", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

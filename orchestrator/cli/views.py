@@ -1,0 +1,183 @@
+"""What the operator commands show, as data and as plain text (pure; `tty` renders the same data as rich
+tables on a terminal).
+
+`job_status(record, run_dir files)` gathers per-node and per-rank facts (agent, exit, heartbeats) and
+`rank_rows` joins them into one row per rank; `status_text`, `jobs_text` and `sparkline` turn them into
+deterministic text for scripts and golden tests; `fmt_*` are the cell formats both renderings share.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.health import HealthMonitor, HealthSpec
+from orchestrator.node.heartbeat import read_all
+from orchestrator.store import TERMINAL
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 24) -> str:
+    if not values:
+        return ""
+    if len(values) > width:  # keep the shape: sample evenly, always including the last value
+        step = (len(values) - 1) / (width - 1)
+        values = [values[round(i * step)] for i in range(width)]
+    lo, hi = min(values), max(values)
+    if hi - lo < 1e-12:
+        return SPARKS[0] * len(values)
+    return "".join(SPARKS[min(len(SPARKS) - 1, int((v - lo) / (hi - lo) * (len(SPARKS) - 1) + 0.5))] for v in values)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """Everything `orchestrate status` shows, as plain data (also the --json output)."""
+    now = time.time() if now is None else now
+    run_dir = Path(record["run_dir"])
+    plan = _read_json(run_dir / "plan.json")
+    heartbeats = read_all(run_dir / "heartbeats")
+    monitor = HealthMonitor(HealthSpec(**(plan.get("health") or {})), int(plan.get("world_size") or record["world_size"]), now)
+    for rec in heartbeats:
+        monitor.feed(rec, float(rec.get("t") or now))
+    nodes = []
+    for node in plan.get("node_plans") or []:
+        r = node["node_rank"]
+        agent = _read_json(run_dir / "nodes" / str(r) / "agent.json")
+        exit_ = _read_json(run_dir / "nodes" / str(r) / "exit.json")
+        nodes.append({"node": r, "host": agent.get("host") or node.get("host") or "", "ranks": node["ranks"],
+                      "exit_code": exit_.get("returncode"), "stop_reason": exit_.get("stop_reason") or None})
+    ranks = []
+    for st in monitor.snapshot():
+        ranks.append({"rank": st.rank, "host": st.host, "step": st.step, "max_steps": st.max_steps,
+                      "loss": st.loss, "tokens": st.tokens, "event": st.event,
+                      "heartbeat_age_s": round(now - st.t, 1) if st.t else None,
+                      "losses": [loss for _, loss in st.losses]})
+    return {"job": record["id"], "state": record["state"], "backend": record["backend"], "handle": record["handle"],
+            "cluster": record["cluster"], "nodes": nodes, "ranks": ranks, "restarts": record.get("restarts") or 0,
+            "exit_code": record.get("exit_code"), "root_cause": record.get("root_cause"), "run_dir": record["run_dir"],
+            "created": record["created"], "updated": record["updated"]}
+
+
+EVENT_STATE = {"boot": "starting", "dist": "starting", "start": "starting", "step": "training", "save_start": "saving",
+               "save": "training", "end": "done", "preempted": "preempted"}
+
+
+def _rank_state(node: dict[str, Any] | None, hb: dict[str, Any] | None, job_state: str) -> str:
+    """What a rank is doing: its node's recorded exit first (stopped = torn down by the agent), else its last
+    heartbeat; a rank of an ended job that left neither is `stopped`, one with no heartbeat yet `waiting`."""
+    event = hb["event"] if hb else ""
+    code = node["exit_code"] if node else None
+    if code is not None:
+        return ("preempted" if event == "preempted" else "done") if code == 0 else \
+            "stopped" if node["stop_reason"] else "failed"
+    if event in ("end", "preempted") or (hb is not None and job_state not in TERMINAL):
+        return EVENT_STATE.get(event, event or "running")
+    return "stopped" if job_state in TERMINAL else "waiting"
+
+
+def rank_rows(st: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per rank of a `job_status` dict, node facts joined in (ranks without a node plan last)."""
+    beats = {r["rank"]: r for r in st["ranks"]}
+    pairs = [(n, rank) for n in st["nodes"] for rank in n["ranks"]]
+    pairs += [(None, rank) for rank in sorted(set(beats) - {rank for _, rank in pairs})]
+    rows = []
+    for node, rank in pairs:
+        hb = beats.get(rank)
+        rows.append({"node": node["node"] if node else None, "rank": rank,
+                     "host": (hb and hb["host"]) or (node and node["host"]) or "",
+                     "state": _rank_state(node, hb, st["state"]), "exit_code": node["exit_code"] if node else None,
+                     **{k: hb[k] if hb else None for k in ("step", "max_steps", "loss", "heartbeat_age_s")}})
+    return rows
+
+
+def fmt_loss(v: float | None) -> str:
+    return f"{v:.4f}" if isinstance(v, (int, float)) else "-"
+
+
+def fmt_step(r: dict[str, Any]) -> str:
+    """A rank's step, as `step/max_steps` when the trainer told its max."""
+    return f"{r['step']}/{r['max_steps']}" if r["max_steps"] else str(r["step"])
+
+
+def fmt_age(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = max(0.0, s)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h"
+
+
+def status_text(st: dict[str, Any]) -> str:
+    lines = [f"job      {st['job']}", f"state    {st['state']}" + (f"  (exit {st['exit_code']})"
+                                                                     if st["exit_code"] is not None else ""),
+             f"backend  {st['backend']}  {st['handle'] or ''}".rstrip(), f"cluster  {st['cluster']}",
+             f"restarts {st['restarts']}", f"run dir  {st['run_dir']}"]
+    if st.get("scheduler"):
+        lines.append(f"sched    {st['scheduler']}")
+    if st["root_cause"]:
+        lines.append(f"cause    {st['root_cause']}")
+    lines.append("")
+    lines.append(f"{'NODE':<5} {'HOST':<20} {'RANKS':<9} {'EXIT':<5} NOTE")
+    for n in st["nodes"]:
+        ranks = f"{n['ranks'][0]}-{n['ranks'][-1]}" if n["ranks"] else "-"
+        code = "-" if n["exit_code"] is None else str(n["exit_code"])
+        lines.append(f"{n['node']:<5} {n['host'][:20]:<20} {ranks:<9} {code:<5} {n['stop_reason'] or ''}".rstrip())
+    if st["ranks"]:
+        lines.append("")
+        lines.append(f"{'RANK':<5} {'HOST':<20} {'STEP':>10} {'LOSS':>8} {'BEAT':>6}  LOSS CURVE")
+        for r in st["ranks"]:
+            lines.append(f"{r['rank']:<5} {r['host'][:20]:<20} {fmt_step(r):>10} {fmt_loss(r['loss']):>8} "
+                         f"{fmt_age(r['heartbeat_age_s']):>6}  {sparkline(r['losses'])}".rstrip())
+    return "\n".join(lines)
+
+
+def jobs_text(records: list[dict[str, Any]], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    if not records:
+        return "no jobs yet"
+    lines = [f"{'JOB':<44} {'STATE':<10} {'BACKEND':<7} {'NODES':>5} {'STEP':>7} {'AGE':>6}"]
+    for r in records:
+        step = r.get("step")
+        lines.append(f"{r['id'][:44]:<44} {r['state']:<10} {r['backend']:<7} {r['nodes']:>5} "
+                     f"{('-' if step is None else str(step)):>7} {fmt_age(now - r['created']):>6}")
+    return "\n".join(lines)
+
+
+def completed_text(job: str, result: dict[str, Any]) -> str:
+    """The line `submit` prints when a job completed, from the recipe's ORCHESTRATE_RESULT (may be empty)."""
+    msg = f"job {job} COMPLETED"
+    first, last = result.get("first_loss"), result.get("final_loss")
+    if isinstance(first, (int, float)) and isinstance(last, (int, float)):
+        msg += f": loss {first:.3f} -> {last:.3f} over {result.get('global_step')} steps"
+    ck = result.get("last_checkpoint") or result.get("output_dir")
+    return msg + (f"; checkpoint: {ck}" if ck else "")
+
+
+def last_step(run_dir: str) -> int | None:
+    """The furthest step any rank reported (cheap: reads only the end of each heartbeat file)."""
+    best = None
+    for path in Path(run_dir, "heartbeats").glob("rank*.jsonl"):
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 4096))
+                tail = f.read().splitlines()
+        except OSError:
+            continue
+        for line in reversed(tail):
+            try:
+                step = json.loads(line).get("step")
+            except ValueError:
+                continue
+            if isinstance(step, int):
+                best = step if best is None else max(best, step)
+                break
+    return best

@@ -1,0 +1,134 @@
+"""Rank health from heartbeats: who is alive, who is hung, and whether a run made progress.
+
+Pure: `HealthMonitor` is fed heartbeat records with the time they were received and asked about `now`.
+A rank is hung when no heartbeat arrived for `stall_timeout` seconds after its first step,
+`startup_timeout` before it (model load), `save_timeout` while it saves a checkpoint. Reading the records
+(files, forwarded lines) is orchestrator.node.heartbeat's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class HealthSpec:
+    """Hang detection and restarts. A rank whose step does not advance for `stall_timeout` seconds is hung;
+    before its first step `startup_timeout` applies (model load), during a checkpoint save `save_timeout`."""
+
+    stall_timeout: float = 300
+    startup_timeout: float = 1800
+    save_timeout: float = 1800
+    max_restarts: int = 0
+    poll_interval: float = 1.0
+    stack_dumps: bool = True
+
+
+@dataclass
+class RankState:
+    rank: int
+    host: str = ""
+    step: int = 0
+    max_steps: int | None = None
+    loss: float | None = None
+    tokens: int | None = None
+    event: str = ""
+    t: float = 0.0  # the rank's own clock, for display
+    received: float = 0.0  # the monitor's clock
+    stepped: bool = False
+    losses: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Stall:
+    rank: int
+    host: str
+    step: int
+    silent_s: float
+    limit_s: float
+    phase: str  # startup | training | saving
+
+    def describe(self) -> str:
+        return (f"rank {self.rank} on {self.host or '?'} hung: no heartbeat for {self.silent_s:.0f}s during "
+                f"{self.phase} (limit {self.limit_s:.0f}s), last step {self.step}")
+
+
+class HealthMonitor:
+    def __init__(self, health: HealthSpec, world_size: int, started: float):
+        self.stall_timeout = float(health.stall_timeout)
+        self.startup_timeout = float(health.startup_timeout)
+        self.save_timeout = float(health.save_timeout)
+        self.world_size = world_size
+        self.started = started
+        self.ranks: dict[int, RankState] = {}
+
+    def feed(self, rec: dict[str, Any], received: float) -> None:
+        try:
+            rank = int(rec["rank"])
+        except (KeyError, TypeError, ValueError):
+            return
+        st = self.ranks.setdefault(rank, RankState(rank))
+        st.received = received
+        st.t = float(rec.get("t") or 0.0)
+        st.host = str(rec.get("host") or st.host)
+        st.event = str(rec.get("event") or "")
+        step = rec.get("step")
+        if isinstance(step, int):
+            st.step = max(st.step, step)
+        if rec.get("max_steps") is not None:
+            st.max_steps = rec.get("max_steps")
+        if rec.get("tokens") is not None:
+            st.tokens = rec.get("tokens")
+        loss = rec.get("loss")
+        if isinstance(loss, (int, float)):
+            st.loss = float(loss)
+            st.losses.append((st.step, float(loss)))
+        if st.event in ("step", "save_start", "save") and isinstance(step, int) and step > 0:
+            st.stepped = True
+
+    def stalls(self, now: float) -> list[Stall]:
+        """Hung ranks, the longest silent first. Ranks that ended are never hung."""
+        out = []
+        for rank in range(self.world_size):
+            st = self.ranks.get(rank)
+            if st is not None and st.event in ("end", "preempted"):
+                continue
+            if st is None or not st.stepped:
+                ref, limit, phase = (st.received if st else self.started), self.startup_timeout, "startup"
+            elif st.event == "save_start":
+                ref, limit, phase = st.received, self.save_timeout, "checkpoint save"
+            else:
+                ref, limit, phase = st.received, self.stall_timeout, "training"
+            silent = now - ref
+            if silent > limit:
+                out.append(Stall(rank, st.host if st else "", st.step if st else 0, silent, limit, phase))
+        return sorted(out, key=lambda s: (-s.silent_s, s.rank))
+
+    def silence(self, rank: int, now: float) -> Stall:
+        """How long `rank` has been silent, whether or not that crossed its limit yet."""
+        st = self.ranks.get(rank) or RankState(rank, received=self.started)
+        limit, phase = ((self.startup_timeout, "startup") if not st.stepped else
+                        (self.save_timeout, "checkpoint save") if st.event == "save_start" else
+                        (self.stall_timeout, "training"))
+        return Stall(rank, st.host, st.step, now - st.received, limit, phase)
+
+    def culprit(self, stalls: list[Stall], stopped: dict[int, int], now: float) -> str:
+        """Root-cause text of a hang: a rank found stopped wins (even if its own silence is still under the limit,
+        as when its last heartbeats arrived a moment after its peers'), else the longest-silent rank."""
+        first = next((x for x in stalls if x.rank in stopped), None)
+        if first is None and stopped:
+            first = self.silence(min(stopped), now)
+        first = first or stalls[0]
+        text = first.describe() + (f" (process {stopped[first.rank]} is stopped)" if first.rank in stopped else "")
+        others = [str(x.rank) for x in stalls if x.rank != first.rank]
+        return text + (f"; ranks {', '.join(others)} also silent" if others else "")
+
+    def progress(self) -> int:
+        """The step every rank has reached (the slowest rank's step)."""
+        if not self.ranks:
+            return 0
+        return min((self.ranks[r].step if r in self.ranks else 0) for r in range(self.world_size))
+
+    def snapshot(self) -> list[RankState]:
+        return [self.ranks[r] for r in sorted(self.ranks)]

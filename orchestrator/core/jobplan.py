@@ -1,0 +1,104 @@
+"""The plan types: `LaunchPlan` and `NodePlan`, frozen and JSON round-tripping.
+
+A LaunchPlan is the unit of dry run: `orchestrate render` prints it, `submit` stores it as
+RUN_DIR/plan.json and every node agent reads its own NodePlan from there. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.core.health import HealthSpec
+
+PLAN_VERSION = 1
+
+# Placeholders that the node agent replaces with facts only the node knows (SLURM allocations).
+LATE_MAIN_IP = "${main_process_ip}"
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """What one node runs. `host` is empty when the scheduler picks the host (SLURM)."""
+
+    node_rank: int
+    host: str
+    ranks: tuple[int, ...]
+    accelerate_config: dict[str, Any]
+    command: tuple[str, ...]  # argv the node agent executes (accelerate launch ...)
+    env: dict[str, str]  # non-secret environment for the ranks
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ranks"] = list(self.ranks)
+        d["command"] = list(self.command)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "NodePlan":
+        return cls(node_rank=int(d["node_rank"]), host=str(d["host"]), ranks=tuple(d["ranks"]),
+                   accelerate_config=dict(d["accelerate_config"]), command=tuple(d["command"]),
+                   env=dict(d["env"]))
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The whole job, resolved: sizes, batch arithmetic, and every node's config and command."""
+
+    job_id: str
+    recipe: str  # sft | dpo | cp
+    recipe_name: str  # file stem, for humans
+    cluster_kind: str  # local | ssh | slurm
+    cluster_name: str
+    accelerator: str  # cpu | gpu
+    profile: str
+    distributed_type: str
+    nodes: int
+    procs_per_node: int
+    world_size: int
+    parallelism: dict[str, int]
+    data_parallel_size: int
+    per_device_batch: int
+    grad_accum: int
+    effective_batch: int
+    max_length: int | None
+    tokens_per_step: int | None  # exact when packing, else an upper bound
+    tokens_per_step_exact: bool
+    main_host: str  # LATE_MAIN_IP when the scheduler decides
+    port: int
+    run_dir: str  # as the nodes see it
+    output_dir: str
+    python: str
+    secret_env: tuple[str, ...]  # names passed through from the submit environment, never values
+    node_plans: tuple[NodePlan, ...]
+    warnings: tuple[str, ...] = ()
+    health: HealthSpec = field(default_factory=HealthSpec)
+    version: int = PLAN_VERSION
+
+    def node(self, rank: int) -> NodePlan:
+        return self.node_plans[rank]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["node_plans"] = [n.to_dict() for n in self.node_plans]
+        d["secret_env"] = list(self.secret_env)
+        d["warnings"] = list(self.warnings)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LaunchPlan":
+        d = dict(d)
+        d["node_plans"] = tuple(NodePlan.from_dict(n) for n in d["node_plans"])
+        d["secret_env"] = tuple(d.get("secret_env", ()))
+        d["warnings"] = tuple(d.get("warnings", ()))
+        d["parallelism"] = dict(d["parallelism"])
+        d["health"] = HealthSpec(**(d.get("health") or {}))
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text: str) -> "LaunchPlan":
+        return cls.from_dict(json.loads(text))

@@ -1,0 +1,291 @@
+"""The pure planner: (RecipeSpec, ClusterSpec, PlanFacts) -> LaunchPlan, or a ConfigError listing
+every problem (parallelism arithmetic, profile/backend rules, divisibility, host counts).
+
+No I/O, no environment reads: everything the planner needs from the outside world (the profile's
+YAML content, the port, the python path, the model's head counts) arrives in `PlanFacts`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.errors import ConfigError, Problem
+from orchestrator.core.jobplan import LATE_MAIN_IP, LaunchPlan, NodePlan
+from orchestrator.core.spec import ClusterSpec, RecipeSpec
+
+# accelerate's ClusterConfig fields (accelerate/commands/config/config_args.py); a unit test keeps this in sync.
+ACCELERATE_KEYS = frozenset({
+    "compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug", "num_processes",
+    "machine_rank", "num_machines", "gpu_ids", "main_process_ip", "main_process_port", "rdzv_backend",
+    "same_network", "main_training_function", "enable_cpu_affinity", "fp8_config", "deepspeed_config",
+    "fsdp_config", "parallelism_config", "megatron_lm_config", "mpirun_config", "downcast_bf16", "tpu_name",
+    "tpu_zone", "tpu_use_cluster", "tpu_use_sudo", "command_file", "commands", "tpu_vm", "tpu_env",
+    "dynamo_config", "ipex_config", "mpirun_config",
+})
+DISTRIBUTED_TYPES = frozenset({"NO", "MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA",
+                               "MULTI_MUSA", "MULTI_HPU", "DEEPSPEED", "FSDP", "MEGATRON_LM", "XLA", "TPU"})
+TRAINER_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
+DEFAULT_MAX_LENGTH = {"sft": 1024, "dpo": 1024, "cp": 1024}
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """Facts gathered by the caller (api) so that planning stays pure."""
+
+    job_id: str
+    run_dir: str
+    output_dir: str
+    python: str
+    port: int
+    accelerator: str  # cpu | gpu (resolved)
+    profile_name: str
+    profile_config: dict[str, Any]
+    model_facts: dict[str, Any] | None = None  # num_attention_heads, num_key_value_heads
+    hosts: tuple[str, ...] = ()  # ssh: the cluster's hosts; local: empty
+
+
+def check_accelerate_config(cfg: Any, where: str) -> list[Problem]:
+    """Structural check that a profile file is an accelerate config (keys + distributed_type)."""
+    if not isinstance(cfg, dict):
+        return [Problem(where, "not an accelerate config: top level must be a mapping")]
+    problems = []
+    unknown = sorted(str(k) for k in cfg if k not in ACCELERATE_KEYS)
+    if unknown:
+        from orchestrator.core.schema import suggest
+        problems.append(Problem(where, "not an accelerate config: unknown keys "
+                                + ", ".join(u + suggest(u, ACCELERATE_KEYS) for u in unknown)))
+    dt = cfg.get("distributed_type")
+    if dt is None:
+        problems.append(Problem(where, "not an accelerate config: missing distributed_type"))
+    elif str(dt) not in DISTRIBUTED_TYPES:
+        problems.append(Problem(where, f"not an accelerate config: distributed_type {dt!r} is not one of "
+                                + ", ".join(sorted(DISTRIBUTED_TYPES))))
+    return problems
+
+
+def parse_time_s(value: str) -> int | None:
+    """SLURM time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS -> seconds."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value.strip())
+    if not m:
+        return None
+    d, a, b, c = m.groups()
+    if d is not None:
+        h, mi, s = int(a), int(b or 0), int(c or 0)
+        return int(d) * 86400 + h * 3600 + mi * 60 + s
+    if b is None:
+        return int(a) * 60
+    if c is None:
+        return int(a) * 60 + int(b)
+    return int(a) * 3600 + int(b) * 60 + int(c)
+
+
+def _parallelism(recipe: RecipeSpec, world: int, problems: list[Problem]) -> dict[str, int]:
+    p = recipe.launch.parallelism
+    given = {k: getattr(p, k) for k in ("dp_replicate", "dp_shard", "tp", "cp", "sp")}
+    cp, sp = given["cp"] or 1, given["sp"] or 1
+    if cp > 1 and sp > 1:
+        problems.append(Problem("launch.parallelism", "cp and sp are exclusive: use cp (ring, FSDP2) or sp "
+                                                      "(Ulysses, DeepSpeed), not both"))
+    tp, rep = given["tp"] or 1, given["dp_replicate"] or 1
+    inner = rep * tp * cp * sp
+    shard = given["dp_shard"]
+    if shard is None:
+        if world % inner:
+            problems.append(Problem("launch.parallelism", f"dp_replicate x tp x cp x sp = {inner} does not divide "
+                                                          f"the {world} processes (nodes x procs_per_node)"))
+            shard = 1
+        else:
+            shard = world // inner
+    elif inner * shard != world:
+        problems.append(Problem("launch.parallelism", f"dp_replicate x dp_shard x tp x (cp or sp) = {rep}x{shard}x"
+                                f"{tp}x{cp * sp} = {inner * shard}, but nodes x procs_per_node = {world}"))
+    return {"dp_replicate": rep, "dp_shard": shard, "tp": tp, "cp": cp, "sp": sp}
+
+
+def _rules(recipe: RecipeSpec, par: dict[str, int], dist: str, facts: PlanFacts, problems: list[Problem]) -> None:
+    cp, sp, tp = par["cp"], par["sp"], par["tp"]
+    t = recipe.trainer
+    fsdp_version = (facts.profile_config.get("fsdp_config") or {}).get("fsdp_version")
+    if cp > 1:
+        if dist != "FSDP" or str(fsdp_version) != "2":
+            problems.append(Problem("launch.parallelism.cp", f"cp > 1 needs FSDP2 (profile fsdp2 or context_parallel), "
+                                                             f"profile {facts.profile_name!r} is {dist}"))
+        if recipe.model.attn_implementation != "sdpa":
+            problems.append(Problem("model.attn_implementation", "context parallelism (cp > 1) needs 'sdpa', got "
+                                    f"{recipe.model.attn_implementation!r}"))
+    if sp > 1 and dist != "DEEPSPEED":
+        problems.append(Problem("launch.parallelism.sp", f"sp > 1 (ALST/Ulysses) needs DeepSpeed (profile zero3 or "
+                                                         f"alst_ulysses), profile {facts.profile_name!r} is {dist}"))
+    if recipe.recipe == "cp" and cp == 1 and sp == 1:
+        problems.append(Problem("launch.parallelism", "recipe 'cp' needs cp > 1 (ring attention) or sp > 1 (Ulysses)"))
+    if facts.profile_name in ("context_parallel",) and cp == 1:
+        problems.append(Problem("launch.parallelism.cp", "profile 'context_parallel' needs cp > 1"))
+    if facts.profile_name in ("alst_ulysses",) and sp == 1:
+        problems.append(Problem("launch.parallelism.sp", "profile 'alst_ulysses' needs sp > 1"))
+    if tp > 1 and dist not in ("FSDP",):
+        problems.append(Problem("launch.parallelism.tp", f"tp > 1 needs an FSDP2 profile, profile is {dist}"))
+    divisor, why = (cp * 2, f"cp*2 = {cp * 2} (ring attention)") if cp > 1 else (sp, f"sp = {sp} (Ulysses)")
+    if divisor > 1:
+        for key in ("max_length", "pad_to_multiple_of"):
+            v = t.get(key)
+            if v is not None and (not isinstance(v, int) or v % divisor):
+                problems.append(Problem(f"trainer.{key}", f"must be divisible by {why}, got {v!r}"))
+        if t.get("pad_to_multiple_of") is None:
+            problems.append(Problem("trainer.pad_to_multiple_of", f"must be set to a multiple of {why}"))
+    fsdp_ac = (facts.profile_config.get("fsdp_config") or {}).get("fsdp_activation_checkpointing")
+    if dist == "FSDP" and fsdp_ac and t.get("gradient_checkpointing"):
+        problems.append(Problem("trainer.gradient_checkpointing", "the FSDP profile already checkpoints activations "
+                                "(fsdp_activation_checkpointing); turn one of them off"))
+    heads = (facts.model_facts or {}).get("num_attention_heads")
+    kv = (facts.model_facts or {}).get("num_key_value_heads")
+    for size, name in ((sp, "sp"), (tp, "tp")):
+        if size > 1 and isinstance(heads, int) and heads % size:
+            problems.append(Problem(f"launch.parallelism.{name}", f"the model's {heads} attention heads are not "
+                                                                  f"divisible by {name} = {size}"))
+        if size > 1 and name == "tp" and isinstance(kv, int) and kv % size:
+            problems.append(Problem("launch.parallelism.tp", f"the model's {kv} key/value heads are not divisible by "
+                                                             f"tp = {size}"))
+
+
+def _cluster_rules(recipe: RecipeSpec, cluster: ClusterSpec, facts: PlanFacts, problems: list[Problem]) -> None:
+    nodes = recipe.launch.nodes
+    if cluster.kind == "ssh":
+        hosts = facts.hosts
+        if nodes > len(hosts):
+            problems.append(Problem("launch.nodes", f"{nodes} nodes asked but cluster {cluster.name!r} lists only "
+                                                    f"{len(hosts)} host(s)"))
+    if cluster.kind == "slurm" and cluster.slurm is not None:
+        problems.extend(slurm_problems(cluster.slurm, cluster.name, recipe.launch.procs_per_node, facts.accelerator))
+
+
+def slurm_problems(s, cluster_name: str, procs_per_node: int, accelerator: str) -> list[Problem]:
+    """The checks of a `slurm:` block that need no cluster (also used by orchestrator.launchers.slurm.sbatch.check_slurm)."""
+    problems: list[Problem] = []
+    if s.max_gpus_per_node is not None and s.gpus_per_node > s.max_gpus_per_node:
+        problems.append(Problem("slurm.gpus_per_node", f"{s.gpus_per_node} GPUs per node asked but cluster "
+                                                       f"{cluster_name!r} nodes have {s.max_gpus_per_node}"))
+    secs = parse_time_s(s.time)
+    if secs is None:
+        problems.append(Problem("slurm.time", f"not a SLURM time limit (HH:MM:SS, D-HH:MM, MM): {s.time!r}"))
+    elif secs <= s.signal_lead_s:
+        problems.append(Problem("slurm.time", f"time limit {s.time} ({secs} s) is not longer than the "
+                                              f"preemption signal lead slurm.signal_lead_s = {s.signal_lead_s} s"))
+    if accelerator == "gpu" and s.gpus_per_node and procs_per_node > s.gpus_per_node:
+        problems.append(Problem("launch.procs_per_node", f"{procs_per_node} processes per node but "
+                                                         f"slurm.gpus_per_node = {s.gpus_per_node}"))
+    return problems
+
+
+def _node_config(base: dict[str, Any], *, rank: int, nodes: int, world: int, main_host: str, port: int,
+                 cpu: bool, mixed_precision: str, par: dict[str, int]) -> dict[str, Any]:
+    cfg = copy.deepcopy(base)
+    cfg.update(num_processes=world, num_machines=nodes, machine_rank=rank, main_process_ip=main_host,
+               main_process_port=port, rdzv_backend="static", same_network=True, mixed_precision=mixed_precision)
+    if cpu:
+        # The torchrun path (MULTI_GPU, use_cpu false) exports RANK/WORLD_SIZE/LOCAL_RANK to every process;
+        # MULTI_CPU with use_cpu true would start one process per node that silently trains alone.
+        if cfg.get("distributed_type") in ("NO", "MULTI_CPU", "MULTI_GPU"):
+            cfg["distributed_type"] = "MULTI_GPU"
+        cfg["use_cpu"] = False
+        cfg.pop("gpu_ids", None)
+    if "parallelism_config" in cfg or par["cp"] > 1 or par["sp"] > 1 or par["tp"] > 1:
+        pc = dict(cfg.get("parallelism_config") or {})
+        pc.update(parallelism_config_dp_replicate_size=par["dp_replicate"],
+                  parallelism_config_dp_shard_size=par["dp_shard"], parallelism_config_tp_size=par["tp"])
+        if par["cp"] > 1:
+            pc["parallelism_config_cp_size"] = par["cp"]
+            pc.setdefault("parallelism_config_cp_backend", "torch")
+        if par["sp"] > 1:
+            pc["parallelism_config_sp_size"] = par["sp"]
+            pc.setdefault("parallelism_config_sp_backend", "deepspeed")
+        cfg["parallelism_config"] = pc
+    return cfg
+
+
+def node_command(python: str, run_dir: str, rank: int) -> tuple[str, ...]:
+    return (python, "-m", "accelerate.commands.launch", "--config_file", f"{run_dir}/nodes/{rank}/accelerate.yaml",
+            "-m", "recipes.run", f"{run_dir}/recipe.yaml")
+
+
+def make_plan(recipe: RecipeSpec, cluster: ClusterSpec, facts: PlanFacts) -> LaunchPlan:
+    """Plan the job or raise one ConfigError with every problem found."""
+    problems: list[Problem] = []
+    nodes, ppn = recipe.launch.nodes, recipe.launch.procs_per_node
+    world = nodes * ppn
+    problems.extend(check_accelerate_config(facts.profile_config, f"launch.profile ({facts.profile_name})"))
+    dist = str(facts.profile_config.get("distributed_type", "MULTI_GPU")) if isinstance(facts.profile_config, dict) \
+        else "MULTI_GPU"
+    par = _parallelism(recipe, world, problems)
+    _rules(recipe, par, dist, facts, problems)
+    _cluster_rules(recipe, cluster, facts, problems)
+    cpu = facts.accelerator == "cpu"
+    warnings: list[str] = []
+    if cpu and dist == "FSDP":
+        fsdp_v = str((facts.profile_config.get("fsdp_config") or {}).get("fsdp_version", "1"))
+        if fsdp_v != "2":
+            problems.append(Problem("launch.profile", f"{facts.profile_name!r} is FSDP1, which does not run on CPU "
+                                                      "clusters; use fsdp2 (sharded on CPU by recipes/fsdp_cpu.py)"))
+    if problems:
+        raise ConfigError(problems, source=recipe.source)
+
+    mp = recipe.launch.mixed_precision
+    if mp is None:
+        mp = "no" if cpu else str(facts.profile_config.get("mixed_precision", "no"))
+        if not cpu and recipe.model.dtype == "float32":
+            mp = "no"
+    elif cpu and mp != "no":
+        warnings.append(f"launch.mixed_precision={mp} ignored on CPU")
+        mp = "no"
+
+    if cluster.kind == "slurm":
+        main_host = LATE_MAIN_IP
+        hosts = [""] * nodes
+    elif cluster.kind == "ssh":
+        hosts = list(facts.hosts[:nodes])
+        main_host = hosts[0]
+    else:
+        hosts = ["localhost"] * nodes
+        main_host = "127.0.0.1"
+
+    env = dict(cluster.env)
+    env.update(recipe.launch.env)
+    ifname = cluster.network_interface or ("lo" if cluster.kind == "local" else None)
+    if ifname:
+        env.setdefault("GLOO_SOCKET_IFNAME", ifname)
+        if not cpu:
+            env.setdefault("NCCL_SOCKET_IFNAME", ifname)
+
+    node_plans = []
+    for r in range(nodes):
+        cfg = _node_config(facts.profile_config, rank=r, nodes=nodes, world=world, main_host=main_host,
+                           port=facts.port, cpu=cpu, mixed_precision=mp, par=par)
+        node_plans.append(NodePlan(node_rank=r, host=hosts[r], ranks=tuple(range(r * ppn, (r + 1) * ppn)),
+                                   accelerate_config=cfg, command=node_command(facts.python, facts.run_dir, r),
+                                   env=dict(sorted(env.items()))))
+
+    t = recipe.trainer
+    bs = int(t.get("per_device_train_batch_size", TRAINER_DEFAULTS["per_device_train_batch_size"]))
+    ga = int(t.get("gradient_accumulation_steps", TRAINER_DEFAULTS["gradient_accumulation_steps"]))
+    dp = world // (par["tp"] * par["cp"] * par["sp"])
+    max_len = t.get("max_length", DEFAULT_MAX_LENGTH.get(recipe.recipe))
+    eff = bs * ga * dp
+    return LaunchPlan(
+        job_id=facts.job_id, recipe=recipe.recipe, recipe_name=recipe.name, cluster_kind=cluster.kind,
+        cluster_name=cluster.name, accelerator=facts.accelerator, profile=facts.profile_name,
+        distributed_type=str(node_plans[0].accelerate_config.get("distributed_type")), nodes=nodes,
+        procs_per_node=ppn, world_size=world, parallelism=par, data_parallel_size=dp, per_device_batch=bs,
+        grad_accum=ga, effective_batch=eff, max_length=max_len if isinstance(max_len, int) else None,
+        tokens_per_step=eff * max_len if isinstance(max_len, int) else None,
+        tokens_per_step_exact=bool(t.get("packing")) and recipe.recipe != "dpo",
+        main_host=main_host, port=facts.port, run_dir=facts.run_dir, output_dir=facts.output_dir,
+        python=facts.python, secret_env=recipe.launch.secret_env, node_plans=tuple(node_plans),
+        warnings=tuple(warnings), health=recipe.health)
+
+
+def command_line(argv: tuple[str, ...] | list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)

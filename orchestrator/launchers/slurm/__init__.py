@@ -1,0 +1,1 @@
+"""SLURM backend (submitit): launcher, sbatch rendering, the in-allocation task."""

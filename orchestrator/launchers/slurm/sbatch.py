@@ -1,0 +1,153 @@
+"""Pure SLURM rendering: the standalone `job.sbatch` of a LaunchPlan, and the checks of a cluster's
+`slurm:` block. No I/O, no subprocess, no environment reads: golden files compare byte for byte.
+
+The script is a product on its own: a user can `sbatch RUN_DIR/job.sbatch` by hand and it does what
+`orchestrate submit` does (same node agent, same rank binding, same preemption handling):
+
+- one task per node (`srun --ntasks-per-node=1 --kill-on-bad-exit=1`): one rank failing ends the step;
+- nothing node-specific is expanded in the batch shell: each node agent binds its own rank from
+  SLURM_NODEID and the main address from SLURM_JOB_NODELIST inside its task (the classic
+  `$SLURM_NODEID`-in-the-batch-shell bug, every node rank 0 and a silent hang, cannot happen);
+- `--signal=B:USR2@LEAD` tells the batch shell ahead of the time limit; it forwards USR2 to the
+  step (srun hands it to every task: the agents and the ranks, which save a checkpoint), waits for
+  the step, and requeues the job when the restart budget (`python -m orchestrator.launchers.slurm.task requeue`)
+  allows; the next run resumes from the checkpoint (`checkpoint.resume: auto`).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+from orchestrator.errors import Problem
+from orchestrator.core.jobplan import LaunchPlan
+from orchestrator.core.plan import parse_time_s, slurm_problems
+
+SIGNAL = "USR2"  # NCCL uses USR1 itself
+_EXTRA_OK = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*(=.*)?$")
+# Options the script sets itself: overriding them through extra_sbatch would break what it relies on.
+RESERVED = frozenset({"nodes", "N", "ntasks-per-node", "ntasks", "n", "output", "o", "error", "e", "signal",
+                      "open-mode", "job-name", "J", "array", "a", "no-requeue", "wrap"})
+
+
+def time_seconds(value: str) -> int | None:
+    """SLURM time limits (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) -> seconds; None if malformed."""
+    return parse_time_s(str(value))
+
+
+def extra_option(arg: str) -> tuple[str, Any]:
+    """'--reservation=foo' -> ('reservation', 'foo'); '--exclusive' -> ('exclusive', True)."""
+    body = arg.lstrip("-")
+    key, sep, value = body.partition("=")
+    return key, (value if sep else True)
+
+
+def check_slurm(slurm: Any, cluster_name: str, procs_per_node: int = 1, accelerator: str = "cpu") -> list[Problem]:
+    """Every problem of a `slurm:` block that can be seen without asking the cluster."""
+    problems: list[Problem] = []
+    where = f"cluster {cluster_name!r}"
+    if slurm is None:
+        return [Problem("slurm", f"{where} has kind slurm but no slurm: block")]
+    problems.extend(slurm_problems(slurm, cluster_name, procs_per_node, accelerator))
+    if slurm.signal_lead_s > 65535:
+        problems.append(Problem("slurm.signal_lead_s", f"SLURM accepts at most 65535 s, got {slurm.signal_lead_s}"))
+    for i, arg in enumerate(slurm.extra_sbatch):
+        if not _EXTRA_OK.match(arg) or "\n" in arg:
+            problems.append(Problem(f"slurm.extra_sbatch[{i}]", f"expected one option like --reservation=foo, "
+                                                                f"got {arg!r}"))
+        elif extra_option(arg)[0] in RESERVED:
+            problems.append(Problem(f"slurm.extra_sbatch[{i}]", f"{arg!r} is set by orchestrate itself "
+                                                                f"(one task per node, logs, signal)"))
+    for i, line in enumerate(slurm.setup):
+        if "\n" in line:
+            problems.append(Problem(f"slurm.setup[{i}]", "one shell line per entry"))
+    return problems
+
+
+def sbatch_options(plan: LaunchPlan, slurm: Any, run_dir: str) -> list[tuple[str, Any]]:
+    """The #SBATCH options, in the order they are written. Values are plain data (True = a flag)."""
+    opts: list[tuple[str, Any]] = [("job-name", plan.job_id), ("nodes", plan.nodes), ("ntasks-per-node", 1)]
+    for key, value in (("partition", slurm.partition), ("account", slurm.account), ("qos", slurm.qos)):
+        if value:
+            opts.append((key, value))
+    opts.append(("time", slurm.time))
+    if slurm.gpus_per_node:
+        opts.append(("gpus-per-node", slurm.gpus_per_node))
+    if slurm.cpus_per_task:
+        opts.append(("cpus-per-task", slurm.cpus_per_task))
+    if slurm.mem:
+        opts.append(("mem", slurm.mem))
+    if slurm.constraint:
+        opts.append(("constraint", slurm.constraint))
+    if slurm.exclusive:
+        opts.append(("exclusive", True))
+    opts += [("output", f"{run_dir}/slurm-%j.out"), ("open-mode", "append"),
+             ("signal", f"B:{SIGNAL}@{slurm.signal_lead_s}"), ("requeue", True)]
+    opts += [extra_option(a) for a in slurm.extra_sbatch]
+    return opts
+
+
+def _flag(key: str, value: Any) -> str:
+    return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"
+
+
+def render_sbatch(plan: LaunchPlan, slurm: Any, run_dir: str | None = None, python: str | None = None) -> str:
+    """The standalone batch script for `plan` (RUN_DIR/job.sbatch)."""
+    run_dir = run_dir or plan.run_dir
+    python = python or plan.python
+    q = shlex.quote
+    lines = [
+        "#!/bin/bash",
+        f"# orchestrate job {plan.job_id}: {plan.recipe} recipe '{plan.recipe_name}' on SLURM cluster "
+        f"'{plan.cluster_name}'",
+        f"# {plan.nodes} node(s) x {plan.procs_per_node} process(es) = world {plan.world_size}; profile "
+        f"{plan.profile} -> {plan.distributed_type}; effective batch {plan.effective_batch}",
+        f"# Submit by hand with:  sbatch {q(run_dir + '/job.sbatch')}   (what `orchestrate submit` runs)",
+        f"# Per-node output: {run_dir}/logs/node<R>.log; preemption: {SIGNAL} {slurm.signal_lead_s} s before "
+        f"the time limit -> checkpoint -> requeue (at most {slurm.max_restarts} restarts).",
+    ]
+    lines += [_flag(k, v) for k, v in sbatch_options(plan, slurm, run_dir)]
+    lines += ["", "set -u"]
+    if slurm.setup:
+        lines += ["", "# setup (slurm.setup)"] + list(slurm.setup)
+    lines += [
+        "",
+        f"RUN_DIR={q(run_dir)}",
+        f"PYTHON={q(python)}",
+        f"MAX_RESTARTS={int(slurm.max_restarts)}",
+        'mkdir -p "$RUN_DIR/logs"',
+        'echo "orchestrate: SLURM job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, restart ${SLURM_RESTART_COUNT:-0}"',
+        'if [ "${SLURM_RESTART_COUNT:-0}" -gt "$MAX_RESTARTS" ]; then',
+        '    echo "orchestrate: restart ${SLURM_RESTART_COUNT} exceeds slurm.max_restarts=$MAX_RESTARTS; giving up" >&2',
+        "    exit 3",
+        "fi",
+        "",
+        "# One task per node. Each node agent binds its own rank from SLURM_NODEID and the main address from",
+        "# SLURM_JOB_NODELIST inside its task: nothing node-specific is expanded in this batch shell.",
+        "# --kill-on-bad-exit: one node failing ends every node's task.",
+        'srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" '
+        "--ntasks-per-node=1 \\",
+        '    --output="$RUN_DIR/logs/node%n.log" --open-mode=append \\',
+        '    "$PYTHON" -m orchestrator.node.agent "$RUN_DIR" &',
+        "SRUN_PID=$!",
+        "",
+        f"# {SIGNAL} ahead of the time limit (or `scancel --batch --signal={SIGNAL}`): forward it to every task;",
+        "# the ranks save a checkpoint and exit, then the job is requeued while the budget allows.",
+        "PREEMPTED=0",
+        f"on_preempt() {{ PREEMPTED=1; echo \"orchestrate: {SIGNAL} received, forwarding to all nodes\"; "
+        f"kill -{SIGNAL} \"$SRUN_PID\" 2>/dev/null; }}",
+        f"trap on_preempt {SIGNAL}",
+        "trap 'kill -TERM \"$SRUN_PID\" 2>/dev/null' TERM INT",
+        "RC=0",
+        'while :; do wait "$SRUN_PID"; RC=$?; kill -0 "$SRUN_PID" 2>/dev/null || break; done',
+        'if [ "$PREEMPTED" = 1 ]; then',
+        '    if "$PYTHON" -m orchestrator.launchers.slurm.task requeue "$RUN_DIR" --max-restarts "$MAX_RESTARTS"; then',
+        '        scontrol requeue "$SLURM_JOB_ID" && exit 0',
+        "    fi",
+        '    [ "$RC" = 0 ] && RC=75',
+        "fi",
+        'exit "$RC"',
+        "",
+    ]
+    return "\n".join(lines)

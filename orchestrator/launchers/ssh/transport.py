@@ -1,0 +1,305 @@
+"""SSH transport: a pool of paramiko connections with strict host keys, and the one remote boundary.
+
+Owns: loading the client key and known_hosts ONCE per pool (shared by every connection),
+connecting with TCP_NODELAY and no agent / no key search / no prompt, host-key checking
+(unknown -> refused unless strict_host_keys is false; CHANGED -> always refused), running commands
+over already-open connections, SFTP, and `remote_command`, the only place a shell string is built
+(every word shlex-quoted). paramiko is imported here and only here (lazily by orchestrator.launchers.ssh.launcher).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import contextlib
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import paramiko
+
+POOL_THREADS = 16
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class HostError(Exception):
+    """One host is not usable; `str()` is one line: 'HOST: cause'."""
+
+    def __init__(self, host: str, cause: str):
+        self.host = host
+        self.cause = cause
+        super().__init__(f"{host}: {cause}")
+
+
+@dataclass(frozen=True)
+class SSHOptions:
+    port: int = 22
+    user: str | None = None
+    key: str = "~/.ssh/id_ed25519"
+    known_hosts: str = "~/.ssh/known_hosts"
+    strict_host_keys: bool = True
+    connect_timeout: float = 10.0
+
+    @classmethod
+    def from_spec(cls, ssh: Any) -> "SSHOptions":
+        """From a ClusterSpec.ssh block (or anything with those attributes / keys)."""
+        get = (lambda k, d: ssh.get(k, d)) if isinstance(ssh, Mapping) else (lambda k, d: getattr(ssh, k, d))
+        return cls(port=int(get("port", 22)), user=get("user", None), key=str(get("key", cls.key)),
+                   known_hosts=str(get("known_hosts", cls.known_hosts)),
+                   strict_host_keys=bool(get("strict_host_keys", True)),
+                   connect_timeout=float(get("connect_timeout", 10.0)))
+
+    @property
+    def login(self) -> str:
+        if self.user:
+            return self.user
+        import getpass
+        return getpass.getuser()
+
+
+def known_hosts_name(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def remote_command(argv: Sequence[str], env: Mapping[str, str] | None = None, *, exec_: bool = True) -> str:
+    """The single remote boundary: argv (+ env) -> one shell string, every word shlex-quoted.
+
+    Values may hold any characters but NUL (they cannot exist in argv/env); names must be
+    identifiers. `env` travels as `env NAME=VALUE ...` -- never pass secrets here (command lines
+    are world-readable in /proc); secrets go over stdin.
+    """
+    words: list[str] = []
+    for name, value in (env or {}).items():
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"bad environment variable name {name!r}")
+        if "\0" in value:
+            raise ValueError(f"environment value of {name} contains NUL")
+        words.append(shlex.quote(f"{name}={value}"))
+    for a in argv:
+        if "\0" in a:
+            raise ValueError("argument contains NUL")
+    if not argv:
+        raise ValueError("empty argv")
+    body = " ".join(shlex.quote(a) for a in argv)
+    if words:
+        body = "env " + " ".join(words) + " " + body
+    return ("exec " + body) if exec_ else body
+
+
+class HostKeys:
+    """known_hosts parsed once, shared by every connection of a pool (thread-safe)."""
+
+    def __init__(self, path: str, strict: bool):
+        self.path = str(Path(path).expanduser())
+        self.strict = strict
+        self._lock = threading.Lock()
+        self._keys = paramiko.HostKeys()
+        if Path(self.path).is_file():
+            self._keys.load(self.path)
+        elif strict:
+            raise FileNotFoundError(f"known_hosts file not found: {self.path}")
+
+    def known_types(self, host: str, port: int) -> list[str]:
+        with self._lock:
+            entry = self._keys.lookup(known_hosts_name(host, port))
+            return list(entry.keys()) if entry else []
+
+    def check(self, host: str, port: int, key: paramiko.PKey) -> None:
+        name = known_hosts_name(host, port)
+        with self._lock:
+            entry = self._keys.lookup(name)
+            if not entry:
+                if self.strict:
+                    raise HostError(host, f"host key unknown: {name} is not in {self.path} "
+                                    f"(add it, e.g. ssh-keyscan -p {port} {host} >> known_hosts, "
+                                    "after checking its fingerprint; or set strict_host_keys: false)")
+                self._keys.add(name, key.get_name(), key)  # in memory only, for this run
+                return
+            known = entry.get(key.get_name())
+            if known is None or known != key:
+                raise HostError(host, f"HOST KEY CHANGED for {name}: the {key.get_name()} key "
+                                f"({key.fingerprint}) does not match {self.path}; refusing to connect "
+                                "(possible man-in-the-middle; fix known_hosts if the host was reinstalled)")
+
+
+def load_client_key(path: str) -> paramiko.PKey:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"ssh key not found: {p}")
+    try:
+        return paramiko.PKey.from_path(p)
+    except paramiko.PasswordRequiredException:
+        raise ValueError(f"ssh key {p} is passphrase-protected; this tool never prompts: "
+                         "use an unencrypted deploy key") from None
+    except (paramiko.SSHException, ValueError) as e:
+        raise ValueError(f"cannot read ssh key {p}: {e}") from None
+
+
+_RSA_ALIASES = ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"]
+
+
+class Connection:
+    """One authenticated transport to one host. Channels are opened on it as needed."""
+
+    def __init__(self, host: str, transport: paramiko.Transport, timeout: float):
+        self.host = host
+        self.transport = transport
+        self.timeout = timeout
+        self._sftp: paramiko.SFTPClient | None = None
+        self._sftp_lock = threading.RLock()
+
+    @property
+    def alive(self) -> bool:
+        return self.transport.is_active()
+
+    def open(self, command: str, *, combine_stderr: bool = False) -> paramiko.Channel:
+        chan = self.transport.open_session(timeout=self.timeout)
+        if combine_stderr:
+            chan.set_combine_stderr(True)
+        chan.exec_command(command)
+        return chan
+
+    def run(self, command: str, stdin: bytes | None = None, timeout: float | None = None
+            ) -> tuple[int, bytes, bytes]:
+        """Run and wait: (exit status, stdout, stderr). Exit status -1 = no status (connection lost)."""
+        chan = self.open(command)
+        chan.settimeout(timeout if timeout is not None else max(self.timeout, 30.0))
+        try:
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            out = _read_all(chan.recv)
+            err = _read_all(chan.recv_stderr)
+            return chan.recv_exit_status(), out, err
+        except socket.timeout:
+            raise HostError(self.host, f"remote command timed out: {command[:80]}") from None
+        finally:
+            chan.close()
+
+    @contextlib.contextmanager
+    def sftp(self) -> Iterator[paramiko.SFTPClient]:
+        """`with conn.sftp() as sftp:` the connection's one SFTP session, held exclusively for the block.
+        paramiko's SFTPClient is not safe for concurrent requests: a thread waiting for its response can read
+        and drop another thread's, and that thread then waits forever (seen: a node's output pump reading
+        exit.json while the submitter's main loop read agent.json from the same host)."""
+        with self._sftp_lock:
+            if self._sftp is None:
+                self._sftp = paramiko.SFTPClient.from_transport(self.transport)
+            yield self._sftp
+
+    def close(self) -> None:
+        try:
+            if self._sftp is not None and self._sftp_lock.acquire(timeout=1.0):  # a blocked holder: just drop it
+                try:
+                    self._sftp.close()
+                finally:
+                    self._sftp_lock.release()
+        finally:
+            self.transport.close()
+
+
+def _read_all(recv: Callable[[int], bytes]) -> bytes:
+    chunks = []
+    while True:
+        data = recv(65536)
+        if not data:
+            return b"".join(chunks)
+        chunks.append(data)
+
+
+class Pool:
+    """Connections to many hosts, made and used by a small thread pool (fan-out is CPU-bound)."""
+
+    def __init__(self, options: SSHOptions, threads: int = POOL_THREADS):
+        self.options = options
+        self.host_keys = HostKeys(options.known_hosts, options.strict_host_keys)
+        self.pkey = load_client_key(options.key)
+        self.user = options.login
+        self.threads = threads
+        self.conns: dict[str, Connection] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ connecting
+    def connect(self, host: str) -> Connection:
+        o = self.options
+        try:
+            sock = socket.create_connection((host, o.port), timeout=o.connect_timeout)
+        except socket.gaierror as e:
+            raise HostError(host, f"cannot resolve host name ({e.strerror})") from None
+        except socket.timeout:
+            raise HostError(host, f"unreachable: no answer on port {o.port} within {o.connect_timeout:g}s") from None
+        except OSError as e:
+            raise HostError(host, f"unreachable on port {o.port}: {e.strerror or e}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        t = paramiko.Transport(sock)
+        t.banner_timeout = o.connect_timeout
+        t.auth_timeout = o.connect_timeout
+        try:
+            types = self.host_keys.known_types(host, o.port)
+            if types:  # ask only for key types we can check (as OpenSSH does)
+                want = [a for k in types for a in (_RSA_ALIASES if k == "ssh-rsa" else [k])]
+                offer = [k for k in t.get_security_options().key_types if k in want]
+                if offer:
+                    t.get_security_options().key_types = offer
+            try:
+                t.start_client(timeout=o.connect_timeout)
+            except (paramiko.SSHException, EOFError, OSError) as e:
+                raise HostError(host, f"SSH handshake failed on port {o.port}: {e or type(e).__name__}") from None
+            self.host_keys.check(host, o.port, t.get_remote_server_key())
+            try:
+                t.auth_publickey(self.user, self.pkey)
+            except paramiko.BadAuthenticationType as e:
+                raise HostError(host, f"public key authentication not allowed for {self.user} "
+                                f"(server allows: {', '.join(e.allowed_types) or 'nothing'})") from None
+            except paramiko.AuthenticationException:
+                raise HostError(host, f"authentication failed for user {self.user} with key "
+                                f"{self.options.key} (key not authorized on the host?)") from None
+            except (paramiko.SSHException, EOFError, OSError) as e:
+                raise HostError(host, f"authentication error: {e}") from None
+        except BaseException:
+            t.close()
+            raise
+        conn = Connection(host, t, o.connect_timeout)
+        with self._lock:
+            old = self.conns.pop(host, None)
+            self.conns[host] = conn
+        if old is not None:
+            old.close()
+        return conn
+
+    def map(self, fn: Callable[[str], Any], hosts: Iterable[str]) -> dict[str, Any]:
+        """fn(host) on every host in the pool's threads: {host: result or the exception raised}."""
+        hosts = list(hosts)
+
+        def safe(h: str) -> Any:
+            try:
+                return fn(h)
+            except Exception as e:  # noqa: BLE001 - reported per host
+                return e
+
+        if len(hosts) <= 1:
+            return {h: safe(h) for h in hosts}
+        with ThreadPoolExecutor(min(self.threads, len(hosts)), thread_name_prefix="ssh") as ex:
+            return dict(zip(hosts, ex.map(safe, hosts)))
+
+    def connect_all(self, hosts: Iterable[str]) -> dict[str, Connection | Exception]:
+        return self.map(self.connect, hosts)
+
+    def run_all(self, command: str | Callable[[str], str], hosts: Iterable[str] | None = None,
+                stdin: bytes | None = None, timeout: float | None = None) -> dict[str, Any]:
+        """Run a command over the already-open connections: {host: (rc, out, err) or exception}."""
+        hosts = list(self.conns) if hosts is None else list(hosts)
+        cmd = command if callable(command) else (lambda h: command)
+        return self.map(lambda h: self.conns[h].run(cmd(h), stdin=stdin, timeout=timeout), hosts)
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self.conns = list(self.conns.values()), {}
+        for c in conns:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass

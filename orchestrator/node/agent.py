@@ -1,0 +1,394 @@
+"""The node agent: runs on every node (local, SSH host, SLURM task) and owns that node's launch.
+
+`python -m orchestrator.node.agent RUN_DIR [--node-rank R] [--main-ip IP] [--watch-stdin]
+[--secrets-stdin] [--parent-pid PID]`
+
+It binds the facts only the node knows (its rank from --node-rank / SLURM_NODEID, the main address
+from SLURM_JOB_NODELIST), writes the node's accelerate config, runs `accelerate launch` in a new
+process group, records that group, forwards signals (USR2 to the ranks only, so the launcher itself
+survives a preemption notice), and leaves nothing behind: when the launch ends, when it is told to
+stop, when its controlling connection (stdin) or parent dies, the whole group is TERMed then KILLed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from orchestrator.core.hostlist import first_host
+from orchestrator.core.jobplan import LATE_MAIN_IP, LaunchPlan
+from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_marked, marked, marked_ranks,
+                                   process_start_time, signal_group, signal_pids)
+
+RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
+NODELIST_ENV = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+
+
+class AgentError(Exception):
+    pass
+
+
+def bind_rank(arg: int | None, env: dict[str, str], nodes: int) -> int:
+    """The node's rank: --node-rank, else SLURM_NODEID / ORCHESTRATE_NODE_RANK, else 0 for one node."""
+    if arg is not None:
+        rank = arg
+    else:
+        found = next((env[k] for k in RANK_ENV if env.get(k, "").strip()), None)
+        if found is None:
+            if nodes == 1:
+                return 0
+            raise AgentError(f"cannot tell this node's rank: pass --node-rank or set one of {', '.join(RANK_ENV)}")
+        try:
+            rank = int(found)
+        except ValueError:
+            raise AgentError(f"node rank {found!r} from the environment is not an integer") from None
+    if not 0 <= rank < nodes:
+        raise AgentError(f"node rank {rank} out of range for a {nodes}-node job")
+    return rank
+
+
+def bind_main_ip(arg: str | None, plan_main: str, env: dict[str, str]) -> str:
+    if arg:
+        return arg
+    if plan_main != LATE_MAIN_IP:
+        return plan_main
+    nodelist = next((env[k] for k in NODELIST_ENV if env.get(k)), None)
+    if not nodelist:
+        raise AgentError("the main address is chosen by the scheduler but SLURM_JOB_NODELIST is not set; "
+                         "pass --main-ip")
+    return first_host(nodelist)
+
+
+def rebase(argv: tuple[str, ...], planned_dir: str, actual_dir: str) -> list[str]:
+    """Point paths under the planned run dir at where the run dir actually is on this node."""
+    if planned_dir == actual_dir:
+        return list(argv)
+    return [actual_dir + a[len(planned_dir):] if a.startswith(planned_dir) else a for a in argv]
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+class Agent:
+    def __init__(self, run_dir: Path, plan: LaunchPlan, rank: int, main_ip: str, grace: float = 5.0):
+        self.run_dir, self.plan, self.rank, self.main_ip, self.grace = run_dir, plan, rank, main_ip, grace
+        self.node_dir = run_dir / "nodes" / str(rank)
+        self.proc: subprocess.Popen | None = None
+        self.stopping = threading.Event()
+        self.launch_done = threading.Event()  # set by wait() when the launch has exited
+        self.stop_reason = ""
+        self.rank_death = None  # orchestrator.node.rankwatch.RankDeath when a rank died before finishing
+        self.token = f"{plan.job_id}.{rank}.{os.urandom(6).hex()}"
+
+    def write_config(self) -> Path:
+        from orchestrator.core.accelconf import accelerate_config_text
+        node = self.plan.node(self.rank)
+        cfg = dict(node.accelerate_config, machine_rank=self.rank, main_process_ip=self.main_ip)
+        text = accelerate_config_text(cfg, self.plan.job_id, self.rank, self.plan.nodes)
+        path = self.node_dir / "accelerate.yaml"
+        self.node_dir.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_suffix(".yaml.tmp")
+            tmp.write_text(text)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        return path
+
+    def environment(self, secrets: dict[str, str]) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.plan.node(self.rank).env)
+        env.update(ORCHESTRATE_RUN_DIR=str(self.run_dir), ORCHESTRATE_JOB_ID=self.plan.job_id,
+                   ORCHESTRATE_NODE_RANK=str(self.rank), ORCHESTRATE_ACCELERATOR=self.plan.accelerator,
+                   ORCHESTRATE_HEARTBEAT_DIR=str(self.run_dir / "heartbeats"), PYTHONUNBUFFERED="1")
+        env[TOKEN_VAR] = self.token
+        env.update(secrets)
+        return env
+
+    def start(self, secrets: dict[str, str]) -> bool:
+        """Start the launch; False when a stop was asked for before it could start."""
+        if self.stopping.is_set():
+            return False
+        self.write_config()
+        (self.run_dir / "heartbeats").mkdir(parents=True, exist_ok=True, mode=0o700)
+        argv = rebase(self.plan.node(self.rank).command, self.plan.run_dir, str(self.run_dir))
+        # SLURM signals every process of a step; torchrun has no USR2 handler and would die of it, orphaning
+        # the ranks. Ignored dispositions survive exec, so the launcher ignores USR2 and each rank's own
+        # handler (the recipes' save-on-signal) replaces the ignore in the ranks.
+        self.proc = subprocess.Popen(argv, env=self.environment(secrets), start_new_session=True,
+                                     stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
+        write_json(self.node_dir / "agent.json", {
+            "agent_pid": os.getpid(), "agent_pgid": os.getpgrp(), "pid": self.proc.pid, "pgid": self.proc.pid,
+            "host": socket.gethostname(), "node_rank": self.rank, "main_ip": self.main_ip, "started": time.time(),
+            "agent_proc_start": process_start_time(),
+            "token": self.token})
+        if self.stopping.is_set():  # a signal raced the start
+            self.stopping.clear()
+            self.stop(self.stop_reason or "stopped during start")
+        return True
+
+    def forward(self, signum: int) -> None:
+        """USR2 (preemption notice) goes to the ranks only; TERM/INT/HUP stop the whole group."""
+        if self.proc is None:
+            if signum != signal.SIGUSR2:
+                self.stop_reason = f"signal {signal.Signals(signum).name} before start"
+                self.stopping.set()
+            return
+        if signum == signal.SIGUSR2:
+            signal_pids([p for p in marked(self.token) if p != self.proc.pid], signum)
+            return
+        self.stop(f"signal {signal.Signals(signum).name}", first=signum)
+
+    def stop(self, reason: str, first: int = signal.SIGTERM) -> None:
+        if self.stopping.is_set() or self.proc is None:
+            return
+        self.stop_reason = reason
+        self.stopping.set()
+        pgid = self.proc.pid
+        signal_group(pgid, first)
+        signal_pids(marked(self.token), first)  # the ranks live in sessions of their own (torchrun)
+        signal_pids(marked(self.token), signal.SIGCONT)  # a stopped (hung) rank must run to act on TERM
+
+        def escalate() -> None:
+            deadline = time.monotonic() + self.grace
+            # Until every rank is gone (saved or not): the launcher then has nothing left to wait for.
+            while time.monotonic() < deadline and marked_ranks(self.token):
+                time.sleep(0.05)
+            signal_group(pgid, signal.SIGKILL)
+            signal_pids(marked(self.token), signal.SIGKILL)
+        threading.Thread(target=escalate, daemon=True).start()
+
+    def watch_ranks(self) -> None:
+        """Fail fast: a rank of this node that dies before finishing ends the node at once (orchestrator.node.rankwatch),
+        instead of after torchrun's own poll, error report and exit. Its peers on this node are blocked on it and
+        a checkpoint cannot complete without it: KILL, no grace."""
+        from orchestrator.node.rankwatch import RankWatch
+        watch = RankWatch(self.token, list(self.plan.node(self.rank).ranks), self.run_dir / "heartbeats")
+
+        def run() -> None:
+            death = watch.wait(lambda: self.stopping.is_set() or self.launch_done.is_set())
+            if death is None or self.stopping.is_set() or self.proc is None:
+                return
+            self.rank_death = death
+            self.stop_reason = death.describe()
+            self.stopping.set()
+            os.write(2, f"orchestrate node agent: {death.describe()}; stopping node {self.rank} now\n".encode())
+            signal_group(self.proc.pid, signal.SIGKILL)
+            signal_pids(marked(self.token), signal.SIGKILL)
+        threading.Thread(target=run, daemon=True, name="rank-watch").start()
+
+    def watch_stdin(self) -> None:
+        def run() -> None:
+            # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader makes the interpreter
+            # abort at exit ("_enter_buffered_busy").
+            try:
+                while os.read(0, 4096):
+                    pass
+            except OSError:
+                pass
+            self.stop("controlling connection closed (stdin EOF)")
+        threading.Thread(target=run, daemon=True).start()
+
+    def watch_parent(self, ppid: int) -> None:
+        def run() -> None:
+            while alive(ppid) and os.getppid() == ppid:
+                time.sleep(0.2)
+            self.stop(f"parent process {ppid} is gone")
+        threading.Thread(target=run, daemon=True).start()
+
+    def forward_heartbeats(self, interval: float = 0.5) -> None:
+        """Print this node's new heartbeat lines as `ORCHESTRATE_HB {json}` (for backends without a shared
+        filesystem: the submit host reads them from the agent's output stream)."""
+        from orchestrator.node.heartbeat import HB_PREFIX, HeartbeatTail
+        tail = HeartbeatTail(self.run_dir / "heartbeats", set(self.plan.node(self.rank).ranks))
+
+        def run() -> None:
+            while True:
+                done = self.launch_done.is_set()
+                for rec in tail.read():
+                    os.write(1, (HB_PREFIX + json.dumps(rec, sort_keys=True) + "\n").encode())
+                if done:
+                    return
+                self.launch_done.wait(interval)  # woken at once when the launch ends: no exit latency
+        self._hb_thread = threading.Thread(target=run, daemon=True)
+        self._hb_thread.start()
+
+    def monitor(self) -> None:
+        """Health monitoring inside the allocation (SLURM: the submitting terminal may be gone). Every agent reads
+        the shared heartbeats; on a hang it notes which of ITS ranks are stopped, keeps their stacks, and stops
+        its launch with exit code 124; `srun --kill-on-bad-exit` then ends every node."""
+        from orchestrator.core.health import HealthMonitor
+        from orchestrator.node.heartbeat import HeartbeatTail
+        from orchestrator.node.proctools import state
+        health = self.plan.health
+        mon = HealthMonitor(health, self.plan.world_size, started=time.time())
+        tail = HeartbeatTail(self.run_dir / "heartbeats")
+        every = float(health.poll_interval)
+
+        def run() -> None:
+            while self.proc is not None and self.proc.poll() is None and not self.stopping.is_set():
+                now = time.time()
+                for rec in tail.read():
+                    mon.feed(rec, now)
+                stalls = mon.stalls(now)
+                if stalls:
+                    mine = marked_ranks(self.token)
+                    stopped = {g: pid for g, pid in mine.items() if state(pid) == "T"}
+                    text = mon.culprit(stalls, stopped, now)
+                    if health.stack_dumps and mine:
+                        from orchestrator.node.ops import keep_stacks
+                        keep_stacks(self.run_dir, mine)
+                    self.hang = text
+                    self.stop("hang: " + text)
+                    return
+                time.sleep(every)
+        threading.Thread(target=run, daemon=True).start()
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        while True:
+            try:
+                rc = self.proc.wait()
+                break
+            except InterruptedError:
+                continue
+        self.launch_done.set()
+        # Nothing of the job may outlive the launch: stragglers of the group and every marked process.
+        kill_group(self.proc.pid, grace=min(self.grace, 2.0))
+        kill_marked(self.token, grace=min(self.grace, 2.0))
+        hb = getattr(self, "_hb_thread", None)
+        if hb is not None:
+            hb.join(timeout=2)
+        sig = -rc if rc < 0 else None
+        code = 128 + sig if sig else rc
+        hang = getattr(self, "hang", "")
+        # Our own stop after a hang makes the ranks save as if preempted: that is still a failed (hung) run.
+        preempted = code != 0 and not hang and self.ranks_preempted()
+        if hang:
+            code = 124
+        elif self.rank_death is not None:
+            code = self.rank_death.exit_code
+        write_json(self.node_dir / "exit.json", {"returncode": 0 if preempted else code, "signal": sig,
+                                                 "time": time.time(), "stop_reason": self.stop_reason,
+                                                 "preempted": preempted, "launch_returncode": code,
+                                                 "hang": hang or None,
+                                                 "rank_death": self.rank_death.describe() if self.rank_death else None})
+        # A node whose ranks all saved a checkpoint on a preemption signal and stopped has done its job:
+        # exit 0, so `srun --kill-on-bad-exit` does not kill other nodes still saving.
+        return 0 if preempted else code
+
+    def ranks_preempted(self) -> bool:
+        """True when every rank of this node's last heartbeat says it stopped after a preemption save."""
+        from orchestrator.node.rankwatch import last_event
+        ranks = self.plan.node(self.rank).ranks
+        return bool(ranks) and all(last_event(self.run_dir / "heartbeats", r) == "preempted" for r in ranks)
+
+
+def _child_setup() -> None:
+    """In the launch process before exec: ignore USR2 (see start) and get SIGTERM if the agent dies (Linux
+    PR_SET_PDEATHSIG), so an agent killed with SIGKILL still takes its launch down; torchrun then stops its
+    ranks."""
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def read_secrets_line() -> dict[str, str] | None:
+    """One JSON line from fd 0, read byte-wise so nothing after it is swallowed by a buffer; None on EOF before
+    a complete line (with --probe: the submitter called the start off)."""
+    buf = bytearray()
+    while not buf.endswith(b"\n"):
+        b = os.read(0, 1)
+        if not b:
+            return None
+        buf += b
+    line = bytes(buf)
+    if not line.strip():
+        return {}
+    data = json.loads(line)
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise AgentError("--secrets-stdin expects one JSON object of string values")
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m orchestrator.node.agent", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir")
+    ap.add_argument("--node-rank", type=int, default=None)
+    ap.add_argument("--main-ip", default=None)
+    ap.add_argument("--watch-stdin", action="store_true", help="tear the job down when stdin hits EOF")
+    ap.add_argument("--secrets-stdin", action="store_true", help="read one JSON line of secret env from stdin")
+    ap.add_argument("--parent-pid", type=int, default=None, help="tear the job down when this pid dies")
+    ap.add_argument("--grace", type=float, default=5.0, help="seconds between TERM and KILL")
+    ap.add_argument("--kill", action="store_true", help="kill every process of this node's launch (recorded in "
+                    "agent.json), wherever it is in the process tree, and exit")
+    ap.add_argument("--monitor", action=argparse.BooleanOptionalAction, default=None,
+                    help="watch the heartbeats in the run dir and stop this node on a hang (default: on for SLURM)")
+    ap.add_argument("--diagnose", action="store_true", help="print each rank's pid and process state and keep "
+                    "py-spy stacks in RUN_DIR/stacks/ (hang diagnosis), then exit")
+    ap.add_argument("--forward-heartbeats", action="store_true",
+                    help="print the ranks' heartbeats on stdout as ORCHESTRATE_HB lines")
+    ap.add_argument("--probe", metavar="JSON", default=None,
+                    help='pre-flight first ({"workdir", "port", "check"}, see orchestrator.node.probe): print '
+                         "the result, then start only when a line arrives on stdin (EOF: exit, nothing started)")
+    args = ap.parse_args(argv)
+    if args.probe is not None:
+        from orchestrator.node.probe import PROBE_MARK, probe
+        spec = json.loads(args.probe)
+        res = probe(str(spec.get("workdir", ".")), int(spec.get("port", 0)), str(spec.get("check", "")))
+        print(PROBE_MARK + json.dumps(res), flush=True)
+        if res["problems"]:
+            return 2
+    run_dir = Path(args.run_dir).expanduser().resolve()
+    if args.kill:
+        from orchestrator.node.ops import kill_node
+        return kill_node(run_dir, args.node_rank, args.grace)
+    if args.diagnose:
+        from orchestrator.node.ops import diagnose_node
+        return diagnose_node(run_dir, args.node_rank)
+    try:
+        secrets = read_secrets_line() if args.secrets_stdin or args.probe is not None else {}
+        if secrets is None:
+            if args.probe is not None:
+                return 0  # the start was called off (another host failed its pre-flight)
+            secrets = {}
+        plan = LaunchPlan.from_json((run_dir / "plan.json").read_text())
+        rank = bind_rank(args.node_rank, dict(os.environ), plan.nodes)
+        main_ip = bind_main_ip(args.main_ip, plan.main_host, dict(os.environ))
+    except (AgentError, OSError, ValueError, KeyError) as e:
+        print(f"orchestrate node agent: {e}", file=sys.stderr)
+        return 2
+    agent = Agent(run_dir, plan, rank, main_ip, grace=args.grace)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
+        signal.signal(sig, lambda s, _f: agent.forward(s))
+    if not agent.start(secrets):
+        print(f"orchestrate node agent: {agent.stop_reason}; nothing started", file=sys.stderr)
+        return 143
+    agent.watch_ranks()
+    if args.watch_stdin:
+        agent.watch_stdin()
+    if args.parent_pid:
+        agent.watch_parent(args.parent_pid)
+    if args.forward_heartbeats:
+        agent.forward_heartbeats()
+    if args.monitor or (args.monitor is None and plan.cluster_kind == "slurm"):
+        agent.monitor()
+    return agent.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

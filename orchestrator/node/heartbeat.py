@@ -1,0 +1,66 @@
+"""Reading heartbeat records: the per-rank files RUN_DIR/heartbeats/rank<G>.jsonl (incrementally, `HeartbeatTail`)
+and the `ORCHESTRATE_HB {json}` lines node agents forward over their output (`parse_forwarded`). The record format
+is docs/CONTRACT.md's; the ranks write it (recipes, the zero-code hooks). Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+HB_PREFIX = "ORCHESTRATE_HB "
+
+
+def parse_forwarded(line: str) -> dict[str, Any] | None:
+    if not line.startswith(HB_PREFIX):
+        return None
+    try:
+        rec = json.loads(line[len(HB_PREFIX):])
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+class HeartbeatTail:
+    """Incrementally read complete new lines of every rank<G>.jsonl in a directory."""
+
+    def __init__(self, directory: Path, ranks: set[int] | None = None):
+        self.dir = Path(directory)
+        self.ranks = ranks
+        self.offsets: dict[Path, int] = {}
+
+    def read(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if not self.dir.is_dir():
+            return out
+        for path in sorted(self.dir.glob("rank*.jsonl")):
+            if self.ranks is not None:
+                try:
+                    if int(path.stem[4:]) not in self.ranks:
+                        continue
+                except ValueError:
+                    continue
+            off = self.offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(off)
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n")
+            if end < 0:
+                continue
+            self.offsets[path] = off + end + 1
+            for line in data[:end].splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    out.append(rec)
+        return out
+
+
+def read_all(directory: Path) -> list[dict[str, Any]]:
+    return HeartbeatTail(directory).read()

@@ -1,0 +1,107 @@
+"""Leaf types shared by the api, the supervisor, the backends and the CLI: job states, what a backend is asked
+to run (`Submission`, `NodeCommand`), where a submitted job lives (`JobHandle`), and how it ended (`NodeExit`,
+`JobResult`), plus the typed status a backend reports (`NodeStatus`, `JobStatus`). Imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class JobState(str, enum.Enum):
+    """Every state a job record can be in. `terminal` is the one terminal set; the store writes nothing else."""
+
+    PENDING = "PENDING"  # recorded, nothing started yet (or queued by the scheduler)
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"  # an attempt ended; the next starts from the last checkpoint
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+
+
+def is_terminal(state: str | JobState | None) -> bool:
+    return state in {s.value for s in TERMINAL}
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """How one node agent is started: on `host`, run `argv` with `env` added (secret names only are listed in
+    `secret_env`; their values travel on the agent's stdin)."""
+
+    node_rank: int
+    host: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    secret_env: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Submission:
+    """Exactly what `submit` runs, printable and side-effect free (`render` / `--dry-run` show it)."""
+
+    kind: str
+    run_dir: str
+    nodes: tuple[NodeCommand, ...]
+    files: dict[str, str] = field(default_factory=dict)  # relative path in run dir -> content
+    extra: dict[str, Any] = field(default_factory=dict)  # backend specifics (e.g. sbatch script)
+
+
+@dataclass(frozen=True)
+class JobHandle:
+    """Where a submitted job lives, e.g. local://<job_id>, ssh://<job_id>, slurm://1234."""
+
+    uri: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeExit:
+    node_rank: int
+    host: str
+    returncode: int | None  # None: still running or unknown
+    signal: int | None = None
+    log_tail: str = ""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    state: JobState
+    returncode: int
+    root_cause: str = ""
+    nodes: tuple[NodeExit, ...] = ()
+    max_step: int | None = None  # the furthest training step any rank reported (restart progress)
+    hung: bool = False
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node as a backend sees it now: `state` is running | exited | lost | unknown."""
+
+    node_rank: int
+    host: str
+    state: str
+    returncode: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What `Launcher.status` reports: the job's state as the backend sees it, per node, and why."""
+
+    state: JobState
+    nodes: tuple[NodeStatus, ...] = ()
+    reason: str = ""
+    detail: str = ""  # backend words, e.g. "SLURM TIMEOUT"
