@@ -89,7 +89,7 @@ def build_tokenizer():
                                    bos_token=None, unk_token=None,
                                    additional_special_tokens=["<|im_start|>", "<|endoftext|>"])
     fast.chat_template = CHAT_TEMPLATE
-    fast.model_max_length = _COMMON["max_position_embeddings"]
+    fast.model_max_length = BUILTIN_MODELS["tiny-llama"]["max_position_embeddings"]
     return fast
 
 
