@@ -32,6 +32,8 @@ os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFL
 from test_local import job_pids, probe_prepared, wait_gone  # noqa: E402  (the suite's probe job)
 
 from orchestrator.launchers.local import LocalLauncher  # noqa: E402
+from orchestrator.node.rundir import RunDir  # noqa: E402
+from orchestrator.supervise import Supervisor  # noqa: E402
 from orchestrator import api  # noqa: E402
 
 
@@ -51,13 +53,13 @@ def one(tmp: Path, i: int, sig: int, stall: float) -> dict:
     launcher = LocalLauncher(grace=2)
     run_dir = Path(prep.plan.run_dir)
     api.write_files(prep.files, run_dir)
-    handle = launcher.submit(launcher.prepare(prep.plan))
+    job = launcher.submit(launcher.prepare(prep.plan), RunDir(run_dir))
     started(run_dir, out)
     pids = job_pids(prep.plan, out)
     victim = int((out / "pid1").read_text())
     t0_wall, t0 = time.time(), time.monotonic()
     os.kill(victim, sig)
-    res = launcher.wait(handle)
+    res = Supervisor(prep.plan).run(job)
     returned = time.monotonic() - t0
     gone = wait_gone(pids, 30) + returned
     r = {"state": res.state, "returned_s": returned, "all_gone_s": gone}
@@ -115,7 +117,7 @@ def main() -> int:
         for i in range(args.repeat):  # interleaved pairs: drift hits both alike
             for on in ((False, True) if i % 2 == 0 else (True, False)):
                 runs[on].append(overhead(tmp, on, i, args.steps))
-        pairs = [a / b - 1 for a, b in zip(runs[True], runs[False])]
+        pairs = [a / b - 1 for a, b in zip(runs[True], runs[False], strict=False)]
         result.update({
             "steps": args.steps,
             "train_runtime_heartbeats_on_s": round(med(runs[True]), 3),

@@ -112,7 +112,8 @@ def anchor(tb, cluster: Path, tmp: Path, i: int, steps: int) -> dict:
     t0 = time.time()
     procs = []
     for r, host in enumerate(tb.hosts[:2]):
-        cmd = (f"cd {REPO} && GLOO_SOCKET_IFNAME=lo ORCHESTRATE_ACCELERATOR=cpu ORCHESTRATE_HEARTBEAT_DIR={d}/heartbeats "
+        cmd = (f"cd {REPO} && GLOO_SOCKET_IFNAME=lo ORCHESTRATE_ACCELERATOR=cpu "
+               f"ORCHESTRATE_HEARTBEAT_DIR={d}/heartbeats "
                f"{tb.python} -m accelerate.commands.launch --config_file {d}/nodes/{r}/accelerate.yaml "
                f"-m recipes.run {d}/recipe.yaml")
         procs.append(subprocess.Popen(["ssh", *opts, f"{tb.user}@{host}", cmd], stdout=subprocess.DEVNULL,
@@ -192,7 +193,8 @@ def main() -> int:
         med = {k: statistics.median(r["first_step_s"] for r in v) for k, v in runs.items()}
         phases = {who: {k: round(statistics.median(r["at"][k] for r in runs[who]), 3) for k in runs[who][0]["at"]
                         if all(r["at"][k] is not None for r in runs[who])} for who in runs}
-        result.update(first_step_s={k: round(v, 3) for k, v in med.items()}, ratio=round(med["ours"] / med["anchor"], 3),
+        result.update(first_step_s={k: round(v, 3) for k, v in med.items()},
+                      ratio=round(med["ours"] / med["anchor"], 3),
                       phases_median_s_since_command=phases, runs=runs)
         print(f"time to first step (median of {args.repeat}): ours {med['ours']:.2f}s, hand-run accelerate launch "
               f"over ssh {med['anchor']:.2f}s, ratio {result['ratio']:.3f} (goal <= 1.0)")

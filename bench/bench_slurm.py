@@ -34,6 +34,7 @@ from slurm_helpers import WORK, heartbeat_step, node_namespace_leftovers, wait_c
 
 from orchestrator.types import JobHandle  # noqa: E402
 from orchestrator.launchers.slurm.launcher import SlurmLauncher  # noqa: E402
+from orchestrator.node.rundir import RunDir  # noqa: E402
 from orchestrator import api  # noqa: E402
 
 ANCHOR = """#!/bin/bash
@@ -81,7 +82,8 @@ def phases(run_dir: Path, t0_wall: float) -> dict[str, float]:
         if r.get("event") == "boot" and r.get("proc_start"):
             out.setdefault("rank_process", r["proc_start"] - t0_wall)
         if r.get("event") in ("boot", "dist", "start", "step", "end"):
-            out.setdefault({"start": "train_begin", "step": "first_step", "end": "train_end"}.get(r["event"], r["event"]),
+            name = {"start": "train_begin", "step": "first_step", "end": "train_end"}.get(r["event"], r["event"])
+            out.setdefault(name,
                            r["t"] - t0_wall)
     return out
 
@@ -108,7 +110,7 @@ def submit_ours(*over: str) -> tuple[SlurmLauncher, JobHandle, Path, float]:
     sub = L.prepare(prep.plan)
     idle_cluster()
     t0 = time.monotonic()
-    return L, L.submit(sub), run_dir, t0
+    return L, L.submit(sub, RunDir(run_dir)).handle, run_dir, t0
 
 
 def submit_anchor(*over: str) -> tuple[SlurmLauncher, JobHandle, Path, float]:
@@ -211,7 +213,8 @@ def main() -> None:
             rows["rendered"].append(rendered())
         med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in rows.items()}
         report["phases_median_s_after_sbatch"] = {
-            k: {p: round(statistics.median(x[2][p] for x in v if p in x[2]), 3) for p in v[0][2]} for k, v in rows.items()}
+            k: {p: round(statistics.median(x[2][p] for x in v if p in x[2]), 3) for p in v[0][2]}
+            for k, v in rows.items()}
         report.update({"ours_first_step_s": med["ours"][0], "ours_completed_s": med["ours"][1],
                        "anchor_first_step_s": med["anchor"][0], "anchor_completed_s": med["anchor"][1],
                        "ratio_first_step": med["ours"][0] / med["anchor"][0],
@@ -221,9 +224,9 @@ def main() -> None:
                        "rendered_ratio_completed": med["rendered"][1] / med["anchor"][1],
                        # paired: each run against the anchor run right after it (drift cancels)
                        "paired_ratio_first_step_median": statistics.median(
-                           o[0] / a[0] for o, a in zip(rows["ours"], rows["anchor"])),
+                           o[0] / a[0] for o, a in zip(rows["ours"], rows["anchor"], strict=False)),
                        "paired_ratio_completed_median": statistics.median(
-                           o[1] / a[1] for o, a in zip(rows["ours"], rows["anchor"]))})
+                           o[1] / a[1] for o, a in zip(rows["ours"], rows["anchor"], strict=False))})
         report["runs"] = {k: [[round(x[0], 3), round(x[1], 3)] for x in v] for k, v in rows.items()}
     if args.only != "launch":
         kills = {"ours": [], "anchor": []}

@@ -25,12 +25,13 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 import sshd_hosts  # noqa: E402
-from orchestrator.launchers.ssh.transport import Pool, SSHOptions  # noqa: E402
+from orchestrator.core.spec import SSHSpec  # noqa: E402
+from orchestrator.launchers.ssh.transport import Pool  # noqa: E402
 
 
 def ours(tb, hosts) -> float:
     t0 = time.perf_counter()
-    pool = Pool(SSHOptions(port=tb.port, user=tb.user, key=tb.key, known_hosts=tb.known_hosts, connect_timeout=30))
+    pool = Pool(SSHSpec(port=tb.port, user=tb.user, key=tb.key, known_hosts=tb.known_hosts, connect_timeout=30))
     bad = [h for h, c in pool.connect_all(hosts).items() if isinstance(c, Exception)]
     res = pool.run_all("true", hosts)
     pool.close()
@@ -42,7 +43,7 @@ def ours(tb, hosts) -> float:
 
 
 def exec_open(tb, hosts) -> float:
-    pool = Pool(SSHOptions(port=tb.port, user=tb.user, key=tb.key, known_hosts=tb.known_hosts, connect_timeout=30))
+    pool = Pool(SSHSpec(port=tb.port, user=tb.user, key=tb.key, known_hosts=tb.known_hosts, connect_timeout=30))
     pool.connect_all(hosts)
     t0 = time.perf_counter()
     res = pool.run_all("true", hosts)

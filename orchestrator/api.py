@@ -19,12 +19,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator.errors import ConfigError, Problem
+from orchestrator.errors import ConfigError, OrchestratorError, Problem
+from orchestrator.launchers import launcher_for
+from orchestrator.node.rundir import RunDir
+from orchestrator.supervise import RestartPolicy, Supervisor
+from orchestrator.types import JobHandle, JobResult, JobState, JobStatus, is_terminal
 from orchestrator.core.jobplan import LaunchPlan
-from orchestrator.core.plan import PlanFacts, make_plan
+from orchestrator.core.plan import PlanFacts, apply_plan_defaults, make_plan
 from orchestrator.core.render import render_files
 from orchestrator.core.schema import PROFILES
 from orchestrator.core.spec import ClusterSpec, RecipeSpec, load
+from orchestrator.trlfields import trainer_fields
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILE_DIR = REPO_ROOT / "cluster_configs" / "profiles"
@@ -40,32 +45,6 @@ class Prepared:
 
 
 # ------------------------------------------------------------------------------------------- facts
-
-def trainer_fields(recipe: str) -> frozenset[str] | None:
-    """Field names of TRL's config for this recipe, cached per TRL version (importing trl costs ~3 s)."""
-    try:
-        from importlib.metadata import version
-        trl_version = version("trl")
-    except Exception:
-        return None
-    cls_name = "DPOConfig" if recipe == "dpo" else "SFTConfig"
-    cache = _home() / "cache" / f"trl-{trl_version}-{cls_name}.json"
-    try:
-        return frozenset(json.loads(cache.read_text()))
-    except (OSError, ValueError):
-        pass
-    try:
-        import trl
-        fields = sorted(f.name for f in dataclasses.fields(getattr(trl, cls_name)))
-    except Exception:
-        return None
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(fields))
-    except OSError:
-        pass
-    return frozenset(fields)
-
 
 def _home() -> Path:
     from orchestrator.store import home
@@ -89,12 +68,67 @@ def detect_accelerator(cluster: ClusterSpec) -> str:
 
 
 def _looks_like_path(value: str) -> bool:
-    return value.startswith(("/", "./", "../", "~")) or value.endswith(DATA_SUFFIXES)
+    return value.startswith(("/", "./", "../", "~")) or value in (".", "..") or value.endswith(DATA_SUFFIXES)
 
 
-def resolve_paths(recipe: RecipeSpec, cwd: Path) -> RecipeSpec:
-    """Make local paths absolute (relative to where orchestrate runs); missing local files are errors."""
+def resolve_paths(recipe, cwd: Path):
+    """Make local paths absolute (relative to where orchestrate runs); missing local files are errors.
+
+    Own code (`run:`): the script must be a file; every arg value that looks like a local path (./x, ../x, /x, ~/x,
+    a data file name, or an existing relative file or directory) and every `*_dir` option becomes absolute, so ranks
+    started elsewhere find them. The output dir is the args' `--output_dir`, else outputs/<job file stem>, which is
+    added to the args of a TRL subcommand only (your own script may not take the option)."""
+    from orchestrator.core.spec import RunJobSpec, list_options, option_name
     problems: list[Problem] = []
+    if isinstance(recipe, RunJobSpec):
+        run = recipe.run
+
+        def absolute(value: str) -> str:
+            return str((cwd / Path(value).expanduser()).resolve())
+
+        def is_local(value: str) -> bool:
+            if not value or value.startswith("-"):
+                return False
+            try:
+                return _looks_like_path(value) or (cwd / value).exists()
+            except (OSError, ValueError):  # a word that is no path (too long, NUL)
+                return False
+
+        def resolve_value(name: str, value):
+            if not isinstance(value, str) or (not is_local(value) and not (name.endswith("_dir") and value)):
+                return value
+            return absolute(value)
+
+        if run.script is not None:
+            full = Path(absolute(run.script))
+            if not full.is_file():
+                problems.append(Problem("run.script", f"file not found: {full}" if not full.exists()
+                                        else f"not a file: {full}"))
+            run = replace(run, script=str(full))
+        if isinstance(run.args, dict):
+            args = {k: tuple(resolve_value(option_name(k), v) for v in value) if isinstance(value, tuple)
+                    else resolve_value(option_name(k), value) for k, value in run.args.items()}
+        else:
+            words = list(run.args)
+            names = {i: option_name(n) for n, _, i in list_options(tuple(words))}
+            for i, word in enumerate(words):
+                if word.startswith("--") and "=" in word:
+                    key, _, value = word.partition("=")
+                    words[i] = f"{key}={resolve_value(option_name(key), value)}"
+                elif not word.startswith("-"):
+                    words[i] = resolve_value(names.get(i, ""), word)
+            args = tuple(words)
+        run = replace(run, args=args)
+        given = run.option("output_dir")
+        output_dir = given if isinstance(given, str) and given else absolute(f"outputs/{recipe.name}")
+        if given is None and run.kind == "trl":
+            run = run.with_option("output_dir", output_dir)
+        ckpt = recipe.checkpoint
+        if ckpt.resume not in ("auto", "never"):
+            ckpt = replace(ckpt, resume=absolute(ckpt.resume))
+        if problems:
+            raise ConfigError(problems, source=recipe.source)
+        return replace(recipe, run=run, checkpoint=ckpt, output_dir=output_dir)
     data_paths = []
     for i, p in enumerate(recipe.data.path):
         if _looks_like_path(p) or (cwd / p).exists():
@@ -133,8 +167,16 @@ def _builtin_models() -> dict[str, dict]:
     return BUILTIN_MODELS
 
 
-def model_facts(recipe: RecipeSpec) -> dict[str, Any] | None:
-    name = recipe.model.name_or_path
+def model_facts(recipe) -> dict[str, Any] | None:
+    """The model's config (head counts for the parallelism checks): a built-in tiny model's shapes, or a local model
+    directory's config.json (own code: the directory its args name by --model_name_or_path / --model)."""
+    from orchestrator.core.spec import RunJobSpec
+    if isinstance(recipe, RunJobSpec):
+        name = recipe.run.option("model_name_or_path") or recipe.run.option("model")
+        if not isinstance(name, str) or not name:
+            return None
+    else:
+        name = recipe.model.name_or_path
     builtin = _builtin_models()
     if name in builtin:
         return dict(builtin[name])
@@ -178,8 +220,8 @@ def new_job_id(recipe: RecipeSpec) -> str:
 
 
 def _run_dir_for(cluster: ClusterSpec, job_id: str) -> str:
-    if cluster.kind == "ssh" and cluster.ssh and not cluster.ssh.shared_fs:
-        return f"{cluster.ssh.workdir.rstrip('/')}/runs/{job_id}"
+    """Where the submitter writes the run dir: the SLURM work dir (every node sees it), else ORCHESTRATE_HOME/runs
+    (SSH hosts without a shared filesystem get a copy under their own work dir: the SSH launcher's business)."""
     if cluster.kind == "slurm" and cluster.slurm:
         return str(Path(cluster.slurm.workdir).expanduser() / "runs" / job_id)
     return str(_home() / "runs" / job_id)
@@ -201,117 +243,205 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
             run_dir: str | None = None) -> Prepared:
     """Everything `render` shows and `submit` runs, without writing anything. `run_dir` overrides where the
     run dir is (render: the output directory, so a rendered job.sbatch can be submitted by hand from it)."""
+    from orchestrator.core.spec import RunJobSpec, fields_key
+    from orchestrator.trlfields import trainer_defaults, trl_commands
     cwd = Path(cwd or os.getcwd())
     flags = {"nodes": nodes, "procs_per_node": procs_per_node, "profile": profile}
     recipe, cluster = load(recipe_path, cluster_path, flags=flags, overrides=overrides,
-                           trainer_fields=trainer_fields if check_trainer else None)
+                           trainer_fields=trainer_fields if check_trainer else None, trl_commands=trl_commands)
     recipe = resolve_paths(recipe, cwd)
+    recipe, notes = apply_plan_defaults(recipe)
     profile_name, profile_cfg = load_profile(recipe, cwd)
     job_id = job_id or new_job_id(recipe)
     port = recipe.launch.port or (free_port() if cluster.kind == "local" else 29500)
-    facts = PlanFacts(job_id=job_id, run_dir=run_dir or _run_dir_for(cluster, job_id), output_dir=recipe.trainer["output_dir"],
+    run_module = defaults = None
+    if isinstance(recipe, RunJobSpec):
+        output_dir = recipe.output_dir
+        if recipe.run.trl is not None:
+            run_module = ((trl_commands() or {}).get(recipe.run.trl) or {}).get("module")
+        defaults = trainer_defaults(fields_key(recipe.run))
+    else:
+        output_dir = recipe.trainer["output_dir"]
+    facts = PlanFacts(job_id=job_id, run_dir=run_dir or _run_dir_for(cluster, job_id), output_dir=output_dir,
                       python=_python_for(cluster), port=port, accelerator=detect_accelerator(cluster),
                       profile_name=profile_name, profile_config=profile_cfg, model_facts=model_facts(recipe),
-                      hosts=cluster.ssh.hosts if cluster.ssh else ())
-    plan = make_plan(recipe, cluster, facts)
+                      hosts=cluster.ssh.hosts if cluster.ssh else (), run_module=run_module,
+                      trainer_defaults=defaults)
+    plan = make_plan(recipe, cluster, facts, notes=notes)
     files = render_files(plan, recipe.to_dict())
-    if cluster.kind == "slurm":  # the standalone job.sbatch is part of what render shows (pure prepare)
-        files.update(make_launcher(cluster).prepare(plan).files)
+    files.update(launcher_for(cluster).prepare(plan).files)  # e.g. the standalone job.sbatch (pure prepare)
     return Prepared(recipe=recipe, cluster=cluster, plan=plan, files=files)
 
 
-def write_files(files: dict[str, str], out_dir: Path) -> list[Path]:
-    """Write rendered files owner-only (0700 dirs, 0600 files)."""
-    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(out_dir, 0o700)
-    written = []
-    for rel, text in sorted(files.items()):
-        path = out_dir / rel
-        for parent in reversed(path.relative_to(out_dir).parents[:-1]):
-            d = out_dir / parent
-            if not d.is_dir():
-                d.mkdir(mode=0o700)
-                os.chmod(d, 0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(path, 0o600)
-        written.append(path)
-    return written
+def write_files(files: dict[str, str], out_dir: Path) -> None:
+    """Write rendered files owner-only (0700 dirs, 0600 files), atomically."""
+    RunDir(out_dir).mkdir()
+    RunDir(out_dir).write_files(files)
 
 
 def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = None,
-           on_event: Callable[[str, dict], None] | None = None):
-    """Write the run dir, record the job, launch it and supervise it to the end. Returns JobResult."""
+           on_beat: Callable[[dict], None] | None = None, on_event: Callable[[str, dict], None] | None = None,
+           supervisor: Supervisor | None = None) -> JobResult:
+    """Write the run dir, record the job, run it under the one Supervisor, restart by the one RestartPolicy, record
+    the end. `supervisor` lets the caller keep a handle to cancel it (signal handlers)."""
+    from orchestrator.core.spec import cluster_to_dict
     from orchestrator.store import JobStore, digest
     plan = prepared.plan
-    run_dir = Path(plan.run_dir) if prepared.cluster.kind != "ssh" or (prepared.cluster.ssh and
-                                                                        prepared.cluster.ssh.shared_fs) \
-        else _home() / "runs" / plan.job_id
-    from orchestrator.core.spec import cluster_to_dict
-    write_files(dict(prepared.files, **{"cluster.json": json.dumps(cluster_to_dict(prepared.cluster), indent=2,
-                                                                   sort_keys=True) + "\n"}), run_dir)
+    rd = RunDir(plan.run_dir)
+    write_files(dict(prepared.files, **{RunDir.CLUSTER: json.dumps(cluster_to_dict(prepared.cluster), indent=2,
+                                                                   sort_keys=True) + "\n"}), rd.root)
     store = JobStore()
     store.create(job_id=plan.job_id, recipe=prepared.recipe.source, recipe_digest=digest(prepared.files["recipe.yaml"]),
                  cluster=prepared.cluster.name, backend=prepared.cluster.kind, nodes=plan.nodes,
-                 world_size=plan.world_size, run_dir=str(run_dir))
-    max_restarts = int(plan.health.max_restarts)
-    restarts, stalled_attempts, best_step = 0, 0, -1
+                 world_size=plan.world_size, run_dir=str(rd.root))
+    sup = supervisor or Supervisor(plan)
+    sup.on_line, sup.on_beat = on_line or sup.on_line, on_beat or sup.on_beat
+    policy = RestartPolicy(plan.health.max_restarts)
+    launcher = launcher_for(prepared.cluster)
+    attempt = 0
     while True:
-        result = _run_once(prepared, store, run_dir, restarts, on_line, on_event)
-        progressed = result.max_step is not None and result.max_step > best_step
-        best_step = max(best_step, result.max_step if result.max_step is not None else -1)
-        if result.state in ("COMPLETED", "CANCELLED") or restarts >= max_restarts:
+        result = _run_once(prepared, launcher, sup, store, rd, attempt, on_event)
+        if result.state in (JobState.COMPLETED, JobState.CANCELLED) or sup.cancel.is_set():
             break
-        if restarts > 0:  # only restarts count toward a crash loop
-            stalled_attempts = 0 if progressed else stalled_attempts + 1
-        if stalled_attempts >= 2:
-            result = dataclasses.replace(result, root_cause=result.root_cause + f" (crash loop: {stalled_attempts} "
-                                         "restarts in a row made no progress; not restarting)")
+        ok, why = policy.record(rd, attempt, result.root_cause)
+        if not ok:
+            if plan.health.max_restarts:
+                result = dataclasses.replace(result, root_cause=f"{result.root_cause} ({why})")
             break
-        restarts += 1
-        store.update(plan.job_id, "RESTARTING", detail=f"restart {restarts}/{max_restarts}: {result.root_cause}"[:2000],
-                     restarts=restarts)
+        attempt += 1
+        store.update(plan.job_id, JobState.RESTARTING, detail=f"{why}: {result.root_cause}"[:2000],
+                     restarts=restart_count(rd))
         if on_event:
-            on_event("restart", {"job_id": plan.job_id, "restart": restarts, "max_restarts": max_restarts,
-                                 "reason": result.root_cause, "step": best_step})
+            on_event("restart", {"job_id": plan.job_id, "restart": attempt, "max_restarts": plan.health.max_restarts,
+                                 "reason": result.root_cause, "step": rd.furthest_step()})
+    restarts = restart_count(rd)
     store.update(plan.job_id, result.state, detail=result.root_cause or None, exit_code=result.returncode,
                  root_cause=result.root_cause or None, restarts=restarts)
     return dataclasses.replace(result, restarts=restarts)
 
 
-def make_launcher(cluster: ClusterSpec, local_run_dir: Path | None = None):
-    from orchestrator.launchers import get_launcher
-    if cluster.kind == "ssh":
-        from orchestrator.launchers.ssh.launcher import SSHLauncher
-        return SSHLauncher(cluster, local_run_dir=str(local_run_dir) if local_run_dir else None)
-    return get_launcher(cluster.kind, cluster)
+def restart_count(rd: RunDir) -> int:
+    """Every restart, whoever decided it (the submitter's supervisor, or a SLURM requeue inside the allocation)."""
+    return sum(1 for a in rd.attempts() if a.decision == "restart")
 
 
-def _run_once(prepared: Prepared, store, run_dir: Path, attempt: int, on_line, on_event):
+def _run_once(prepared: Prepared, launcher, sup: Supervisor, store, rd: RunDir, attempt: int, on_event) -> JobResult:
     plan = prepared.plan
-    launcher = make_launcher(prepared.cluster, run_dir)
     submission = launcher.prepare(plan)
     if on_event and attempt == 0:
-        on_event("submitting", {"job_id": plan.job_id, "run_dir": str(run_dir)})
+        on_event("submitting", {"job_id": plan.job_id, "run_dir": str(rd.root)})
     try:
-        handle = launcher.submit(submission, on_line=on_line) if prepared.cluster.kind == "local" \
-            else launcher.submit(submission)
+        running = launcher.submit(submission, rd)
     except Exception as e:
-        store.update(plan.job_id, "FAILED", detail=str(e)[:500], root_cause=str(e)[:500])
+        store.update(plan.job_id, JobState.FAILED, detail=str(e)[:500], root_cause=str(e)[:500])
         raise
-    store.update(plan.job_id, "RUNNING", handle=handle.uri)
+    store.update(plan.job_id, JobState.RUNNING, handle=running.handle.uri)
     try:
-        write_files({"handle.json": json.dumps({"uri": handle.uri, "data": handle.data}, default=str, indent=2,
-                                               sort_keys=True) + "\n"}, run_dir)
+        rd.write_json(RunDir.HANDLE, {"uri": running.handle.uri, "data": running.handle.data})
     except (OSError, TypeError):
         pass
     if on_event:
-        on_event("running", {"job_id": plan.job_id, "handle": handle.uri, "attempt": attempt})
-    try:
-        return launcher.wait(handle, on_line=on_line)
-    except KeyboardInterrupt:  # launchers that do not handle Ctrl-C themselves: cancel through the backend
-        from orchestrator.types import JobResult
-        launcher.cancel(handle)
-        return JobResult("CANCELLED", 130, "cancelled by the user (Ctrl-C)")
+        on_event("running", {"job_id": plan.job_id, "handle": running.handle.uri, "attempt": attempt})
+    return sup.run(running)
 
+
+# ------------------------------------------------------------------------------------------- any process
+
+def _record(job: str):
+    from orchestrator.store import JobStore
+    rec = JobStore().get(job)
+    if rec is None:
+        raise ConfigError(f"job {job!r} not found (see `orchestrate ls`)")
+    return rec
+
+
+def _backend(rec) -> tuple[Any, JobHandle, RunDir]:
+    """The launcher, handle and run dir of a recorded job, rebuilt from its run dir (cluster.json, handle.json)."""
+    from orchestrator.core.spec import cluster_from_dict
+    rd = RunDir(rec.run_dir)
+    cluster_data, handle_data = rd.read_json(RunDir.CLUSTER), rd.read_json(RunDir.HANDLE)
+    if not isinstance(cluster_data, dict):
+        raise OrchestratorError(f"job {rec.id}: run dir {rd.root} has no readable {RunDir.CLUSTER}")
+    h = handle_data if isinstance(handle_data, dict) else {"uri": rec.handle or "", "data": {}}
+    handle = JobHandle(h.get("uri") or rec.handle or "", dict(h.get("data") or {}, run_dir=str(rd.root)))
+    return launcher_for(cluster_from_dict(cluster_data)), handle, rd
+
+
+def reconcile(rec):
+    """The store never lies: a job recorded as not ended whose supervisor is gone is asked to its backend; when the
+    backend says it ended (or nothing of it runs any more), the end is recorded. Returns (record, JobStatus|None)."""
+    from orchestrator.detach import live_supervisor
+    from orchestrator.store import JobStore
+    if is_terminal(rec.state) or live_supervisor(rec.id) is not None:
+        return rec, None
+    try:
+        launcher, handle, rd = _backend(rec)
+        st = launcher.status(handle, rd)
+    except Exception as e:  # noqa: BLE001 - status must still show what the store knows
+        if rec.state == JobState.PENDING and time.time() - rec.created < 120:
+            return rec, None  # being submitted right now
+        return rec, JobStatus(JobState(rec.state) if rec.state in JobState.__members__ else JobState.RUNNING, (),
+                              f"backend unknown ({type(e).__name__}: {str(e)[:120]})")
+    if st.state.terminal:
+        why = st.reason
+        if st.state == JobState.FAILED and rec.backend != "slurm":
+            why = "the supervising process is gone and no node of the job is running"
+            bad = next((n for n in st.nodes if n.returncode not in (0, None) or n.state == "lost"), None)
+            if bad is not None:
+                why += (f"; node {bad.node_rank} ({bad.host}) " + (f"exited {bad.returncode}" if bad.returncode
+                        is not None else bad.state) + (f": {bad.reason}" if bad.reason else ""))
+        JobStore().update(rec.id, st.state, detail=why or None, root_cause=why or None,
+                          restarts=restart_count(RunDir(rec.run_dir)),
+                          exit_code=0 if st.state == JobState.COMPLETED else 1)
+        rec = JobStore().get(rec.id)
+    return rec, st
+
+
+def status(job: str):
+    """(record, backend status or None): the store's record, reconciled with the backend when nobody supervises it."""
+    return reconcile(_record(job))
+
+
+def jobs(limit: int = 20) -> list:
+    from orchestrator.store import JobStore
+    return [reconcile(r)[0] for r in JobStore().list(limit)]
+
+
+def logs(job: str, node: int | None = None):
+    rec = _record(job)
+    launcher, handle, rd = _backend(rec)
+    return launcher.logs(handle, rd, node)
+
+
+def cancel(job: str, wait_s: float = 30.0) -> str:
+    """Cancel a job from any process: its supervisor is asked (a cancel request in the run dir + SIGTERM: it tears
+    every node down and records CANCELLED); with no supervisor left, the backend is asked directly. Returns the
+    final state; raises OrchestratorError when the job did not end within `wait_s`."""
+    import signal as _signal
+    from orchestrator.detach import live_supervisor
+    from orchestrator.store import JobStore
+    rec = _record(job)
+    if is_terminal(rec.state):
+        return rec.state
+    rd = RunDir(rec.run_dir)
+    by = "cancelled by the user (orchestrate cancel)"
+    sup = live_supervisor(rec.id)
+    if sup is not None:
+        rd.request_cancel(by)
+        try:
+            os.kill(sup, _signal.SIGTERM)
+        except ProcessLookupError:
+            sup = None
+    if sup is not None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            state = JobStore().get(rec.id).state
+            if is_terminal(state):
+                return state
+            time.sleep(0.2)
+        raise OrchestratorError(f"job {rec.id}: its supervisor (pid {sup}) did not end the job within {wait_s:.0f} s; "
+                                f"it is still {JobStore().get(rec.id).state}")
+    launcher, handle, rd = _backend(rec)
+    launcher.cancel(handle, rd)
+    JobStore().update(rec.id, JobState.CANCELLED, detail=by, root_cause=by, exit_code=130)
+    return JobState.CANCELLED.value

@@ -1,41 +1,100 @@
-"""Backend-neutral pieces of supervision: splitting streamed output into lines and naming the root
-cause of a failed node from its exit status and last log lines (torchrun's failure summary included).
+"""THE supervision policy, the same for every backend (local, SSH, SLURM) and for every attempt of a job.
+
+Backends only observe and report (`Running.events()`: output lines, heartbeat records, a node's end with its exit
+record and last lines, a lost node, the scheduler's verdict) and act when told (`Running.stop`, `stopped_ranks`).
+`Supervisor.run` decides: fail fast (the first node that fails makes every other node stop), hang (a rank silent
+past its limit: the culprit is a rank found stopped, else the longest silent, `HealthMonitor.culprit`), cancel
+(Ctrl-C, `orchestrate cancel`), and then `judge` names the outcome and its root cause: among the nodes that failed on
+their own (before our teardown), the earliest by the agents' exit times, unless its log only shows a dead peer and
+another's does not. `RestartPolicy` decides whether a failed attempt is restarted: one budget
+(`health.max_restarts`) and one crash-loop rule (a restart that made no progress is not repeated), used by the
+submitter's restart loop and by the SLURM task's requeue alike. Inside a SLURM allocation the node agents apply
+the same HealthMonitor rules to the shared heartbeats (orchestrator.node.agent).
 """
 
 from __future__ import annotations
 
 import re
 import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
 
-from orchestrator.types import NodeExit
+from orchestrator.core.health import HealthMonitor
+from orchestrator.core.jobplan import LaunchPlan
+from orchestrator.node.rundir import AttemptRecord, ExitRecord, RunDir
+from orchestrator.types import JobResult, JobState, NodeExit
+
+# ------------------------------------------------------------------------------------------------ events
+
+
+@dataclass(frozen=True)
+class Line:
+    node: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Beat:
+    record: dict
+
+
+@dataclass(frozen=True)
+class NodeEnded:
+    """A node's launch is over (or the node is lost: `lost` says why, and `returncode` is None)."""
+
+    node: int
+    host: str
+    returncode: int | None
+    tail: str = ""
+    record: ExitRecord | None = None  # the agent's own record: beats whatever the transport reported
+    lost: str = ""
+
+
+@dataclass(frozen=True)
+class SchedulerEnd:
+    """The scheduler's final word on the job (SLURM): its state and, for a failure, why."""
+
+    state: JobState
+    reason: str = ""
+
+
+Event = Line | Beat | NodeEnded | SchedulerEnd
+
+
+class Running(Protocol):
+    """A submitted job as its backend observes it. `handle` is recorded in the store."""
+
+    handle: object
+    nodes: dict[int, str]  # node rank -> host
+    decides_hangs_on_nodes: bool  # True: the node agents judge hangs themselves (SLURM); we only back them up
+    grace: float  # the backend's TERM -> KILL grace for a cancel or a hang (ranks may checkpoint on TERM)
+
+    def events(self, timeout: float) -> list[Event]: ...
+
+    def stop(self, reason: str, grace: float, nodes: set[int] | None = None) -> None: ...
+
+    def stopped_ranks(self) -> dict[int, int]: ...  # ranks found stopped (state T) -> pid; keeps stacks
+
+    def close(self) -> None: ...
+
+
+# ------------------------------------------------------------------------------------------------ root cause
 
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)", re.MULTILINE)
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
 _EXC = re.compile(r"^(?:\[rank(\d+)\]:\s*)?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)"
                   r"(?::.*)?)$", re.MULTILINE)
 _LAUNCHER_NOISE = ("ChildFailedError", "SignalException")
-# The node agent's own line when it ended a node because a rank died (orchestrator.node.rankwatch), before torchrun
-# could print its error table.
-_AGENT_DEATH = re.compile(r"orchestrate node agent: rank (\d+) \(pid \d+\) .*?\(exit (-?\d+)\)")
 # Log lines that say a rank died because a PEER went away (a victim, not the root cause of a failure).
 PEER_HINTS = ("Connection reset by peer", "Connection closed by peer", "connectFullMesh", "Broken pipe",
               "Socket closed", "ProcessGroupGloo", "recvBytes", "sendBytes")
+STOPPED_BY_US = 0.2  # a node that ended this long after our teardown began was ended by it, not on its own
 
 
 def peer_victim(tail: str) -> bool:
     return any(h in tail for h in PEER_HINTS)
-
-
-def pick_failed(candidates: list[NodeExit], exit_times: dict[int, float]) -> NodeExit:
-    """Among nodes that failed before the teardown: the earliest (by the agents' exit times), unless its log
-    only shows a dead peer and another candidate's does not."""
-    ordered = sorted(candidates, key=lambda n: (exit_times.get(n.node_rank, float("inf")), n.node_rank))
-    first = ordered[0]
-    if peer_victim(first.log_tail):
-        for other in ordered[1:]:
-            if not peer_victim(other.log_tail):
-                return other
-    return first
 
 
 def last_exception(text: str) -> tuple[int | None, str] | None:
@@ -67,42 +126,203 @@ def describe_code(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def root_cause_text(node: NodeExit) -> str:
-    """`node 1 (host) failed: rank 1 died of signal SIGKILL (exit -9); last lines: ...`"""
-    tail = node.log_tail or ""
-    rank = _RANK.findall(tail)
-    code = _EXITCODE.findall(tail)
-    if not rank and _AGENT_DEATH.search(tail):
-        rank, code = (list(x) for x in zip(_AGENT_DEATH.findall(tail)[-1]))
-    who = f"node {node.node_rank} ({node.host})"
-    detail = describe_code(node.returncode)
-    if rank:
-        rc = int(code[0]) if code else None
-        detail = f"rank {rank[0]} {('died of ' + describe_code(rc)) if rc is not None and rc < 0 else describe_code(rc)}" \
-                 f"; node {describe_code(node.returncode)}"
+def root_cause_text(end: NodeEnded) -> str:
+    """`node 1 (host) failed: rank 1 died of SIGKILL (exit -9) ...; node exit code 137 | rank 1: ValueError: ...`"""
+    who = f"node {end.node} ({end.host or '?'})"
+    if end.lost and end.record is None:
+        return f"{who} failed: {end.lost}"
+    tail = end.tail or ""
+    rec = end.record
+    detail = describe_code(end.returncode)
+    if rec is not None and rec.rank_death:
+        detail = f"{rec.rank_death.replace(' before finishing', '')}; node {describe_code(end.returncode)}"
+    else:
+        rank, code = _RANK.findall(tail), _EXITCODE.findall(tail)
+        if rank:
+            rc = int(code[0]) if code else None
+            how = ("died of " + describe_code(rc)) if rc is not None and rc < 0 else describe_code(rc)
+            detail = f"rank {rank[0]} {how}; node {describe_code(end.returncode)}"
     exc = last_exception(tail)
     if exc is not None:
         r, e = exc
         return f"{who} failed: {detail}" + (f" | rank {r}: " if r is not None else " | ") + e[:300]
-    last = [line for line in tail.splitlines() if line.strip() and not line.strip().startswith(("=", "-"))][-3:]
+    last = [ln for ln in tail.splitlines() if ln.strip() and not ln.strip().startswith(("=", "-", "orchestrate"))][-3:]
     return f"{who} failed: {detail}" + (" | last lines: " + " / ".join(s.strip()[:200] for s in last) if last else "")
 
 
-def describe_hang(run_dir, plan, stalls, monitor) -> str:
-    """Name the hung rank (`HealthMonitor.culprit`: a stopped process beats the longest-silent one), keep py-spy
-    stacks of every local rank in RUN_DIR/stacks/, and return the root-cause line. Only sees this machine's
-    processes."""
-    import time
-    from pathlib import Path
-    from orchestrator.node.ops import keep_stacks, recorded_agents
-    from orchestrator.node.proctools import marked_ranks, state
-    run_dir = Path(run_dir)
-    pids: dict[int, int] = {}
-    for _, info in recorded_agents(run_dir, None):
-        if info.get("token"):
-            pids.update(marked_ranks(str(info["token"])))
-    stopped = {r: pid for r, pid in sorted(pids.items()) if state(pid) == "T"}
-    text = monitor.culprit(stalls, stopped, time.time())
-    if plan.health.stack_dumps and pids:
-        text += f"; stacks in {keep_stacks(run_dir, pids)}"
-    return text
+def failed(end: NodeEnded) -> bool:
+    return bool(end.lost) or end.returncode not in (0, None) or (end.record is not None and end.record.returncode != 0)
+
+
+def pick_failed(candidates: list[NodeEnded]) -> NodeEnded:
+    """The earliest failure by the agents' own exit times (arrival order where a node left none), unless its log
+    only shows a dead peer and another candidate's does not."""
+    order = {id(c): i for i, c in enumerate(candidates)}
+    ordered = sorted(candidates, key=lambda n: (n.record.time if n.record and n.record.time else float("inf"),
+                                                order[id(n)]))
+    first = ordered[0]
+    if peer_victim(first.tail):
+        for other in ordered[1:]:
+            if not peer_victim(other.tail):
+                return other
+    return first
+
+
+def stopped_by_us(end: NodeEnded, torn_down_at: float | None) -> bool:
+    """A node that ended because our teardown stopped it (a victim, never the root cause): its agent was told to stop
+    (a stop reason and no rank of its own died), or it ended well after the teardown began."""
+    if torn_down_at is None or end.record is None or end.record.rank_death:
+        return False
+    return bool(end.record.stop_reason) or (bool(end.record.time) and end.record.time > torn_down_at + STOPPED_BY_US)
+
+
+def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str | None, cancel: str | None,
+          scheduler: SchedulerEnd | None = None, max_step: int | None = None) -> JobResult:
+    """The outcome of one attempt. Pure: what ended how, when we began tearing down, and why."""
+    nodes = tuple(NodeExit(node_rank=e.node, host=e.host,
+                           returncode=e.record.returncode if e.record else e.returncode,
+                           signal=e.record.signal if e.record else None, log_tail=e.tail)
+                  for e in sorted(ends.values(), key=lambda e: e.node))
+    if cancel:
+        return JobResult(JobState.CANCELLED, 130, cancel, nodes, max_step)
+    node_hangs = sorted((e.record.hang for e in ends.values() if e.record and e.record.hang),
+                        key=lambda text: "is stopped" not in text)
+    hang = hang or (node_hangs[0] if node_hangs else None)
+    if hang:
+        return JobResult(JobState.FAILED, 124, hang, nodes, max_step, hung=True)
+    if scheduler is not None and scheduler.state == JobState.CANCELLED:
+        return JobResult(JobState.CANCELLED, 130, scheduler.reason, nodes, max_step)
+    bad = [e for e in ends.values() if failed(e)]
+    if not bad:
+        if scheduler is not None and scheduler.state == JobState.FAILED:
+            return JobResult(JobState.FAILED, 1, scheduler.reason, nodes, max_step)
+        preempted = [e for e in ends.values() if e.record is not None and e.record.preempted]
+        if preempted and (scheduler is None or scheduler.state != JobState.COMPLETED):
+            why = "preempted: the ranks saved a checkpoint on a preemption signal and stopped"
+            return JobResult(JobState.FAILED, 1, (scheduler.reason + "; " if scheduler and scheduler.reason else "")
+                             + why, nodes, max_step)
+        return JobResult(JobState.COMPLETED, 0, "", nodes, max_step)
+    own = [e for e in bad if not stopped_by_us(e, torn_down_at)]
+    root = pick_failed(sorted(own or bad, key=lambda e: e.node) if not own else own)
+    text = root_cause_text(root)
+    if scheduler is not None and scheduler.reason and scheduler.state == JobState.FAILED and root.lost:
+        text = f"{scheduler.reason}; {text}"
+    code = (root.record.returncode if root.record else root.returncode) or 1
+    return JobResult(JobState.FAILED, code if code > 0 else 1, text, nodes, max_step)
+
+
+# ------------------------------------------------------------------------------------------------ the supervisor
+
+@dataclass
+class Supervisor:
+    """Runs one attempt of a job to its end. `cancel` (set from a signal handler or another thread) carries the
+    reason of a user's cancel; Ctrl-C raising KeyboardInterrupt in the loop counts as one too."""
+
+    plan: LaunchPlan
+    on_line: Callable[[int, str], None] | None = None
+    on_beat: Callable[[dict], None] | None = None
+    grace: float | None = None  # cancel / hang: TERM, then KILL after this (default: the backend's)
+    failfast_grace: float = 1.0  # a node failed: the others cannot finish a collective anyway
+    lost_after: float = 15.0  # after a teardown, a node that has not ended this much past the grace is lost
+    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel_reason: str = "cancelled"
+
+    def request_cancel(self, reason: str) -> None:
+        self.cancel_reason = reason
+        self.cancel.set()
+
+    def run(self, job: Running) -> JobResult:
+        monitor = HealthMonitor(self.plan.health, self.plan.world_size, started=time.time())
+        grace = self.grace if self.grace is not None else float(getattr(job, "grace", 5.0))
+        every = float(self.plan.health.poll_interval)
+        hang_margin = (self.plan.health.stall_timeout * 0.5 + 30.0) if job.decides_hangs_on_nodes else 0.0
+        ends: dict[int, NodeEnded] = {}
+        scheduler: SchedulerEnd | None = None
+        torn_down_at: float | None = None
+        teardown_mono: float | None = None
+        hang: str | None = None
+        cancel: str | None = None
+        next_check = 0.0
+
+        def teardown(reason: str, grace: float, nodes: set[int] | None = None) -> None:
+            nonlocal torn_down_at, teardown_mono
+            if torn_down_at is None:
+                torn_down_at, teardown_mono = time.time(), time.monotonic()
+            job.stop(reason, grace, nodes)
+
+        try:
+            while len(ends) < len(job.nodes) and scheduler is None:
+                try:
+                    for ev in job.events(0.1):
+                        if isinstance(ev, Line):
+                            if self.on_line:
+                                self.on_line(ev.node, ev.text)
+                        elif isinstance(ev, Beat):
+                            monitor.feed(ev.record, time.time())
+                            if self.on_beat:
+                                self.on_beat(ev.record)
+                        elif isinstance(ev, NodeEnded):
+                            ends.setdefault(ev.node, ev)
+                            if failed(ev) and torn_down_at is None and not cancel and not hang:
+                                teardown(f"node {ev.node} failed", self.failfast_grace, set(job.nodes) - set(ends))
+                        elif isinstance(ev, SchedulerEnd):
+                            scheduler = ev
+                    now = time.time()
+                    if self.cancel.is_set() and not cancel:
+                        cancel = self.cancel_reason
+                        teardown(cancel, grace, set(job.nodes) - set(ends))
+                    if torn_down_at is None and now >= next_check:
+                        next_check = now + every
+                        stalls = [s for s in monitor.stalls(now) if s.silent_s > s.limit_s + hang_margin]
+                        if stalls:
+                            hang = monitor.culprit(stalls, job.stopped_ranks(), now)
+                            if self.plan.health.stack_dumps:
+                                hang += "; stacks in RUN_DIR/stacks/" + (" on each host" if len(set(job.nodes.values()))
+                                                                         > 1 else "")
+                            teardown("hang: " + hang, grace, set(job.nodes) - set(ends))
+                    if teardown_mono is not None and time.monotonic() - teardown_mono > grace + self.lost_after:
+                        for r, host in job.nodes.items():
+                            ends.setdefault(r, NodeEnded(r, host, None, lost="did not end after the teardown "
+                                                         f"({grace + self.lost_after:.0f} s): host unreachable?"))
+                except KeyboardInterrupt:
+                    self.request_cancel("interrupted (Ctrl-C) on the submit host")
+        finally:
+            job.close()
+        max_step = max((st.step for st in monitor.snapshot()), default=None)
+        return judge(ends, torn_down_at=torn_down_at, hang=hang, cancel=cancel, scheduler=scheduler, max_step=max_step)
+
+
+# ------------------------------------------------------------------------------------------------ restarts
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """One restart budget and one crash-loop rule, for every backend and for SLURM requeues alike: at most
+    `max_restarts` restarts (health.max_restarts), and a restart is not repeated when the attempt after the previous
+    restart made no progress (the furthest global step did not move)."""
+
+    max_restarts: int
+
+    def decide(self, history: list[AttemptRecord], step: int | None, counted: int = 0) -> tuple[bool, str]:
+        """`counted`: restarts known from elsewhere (SLURM_RESTART_COUNT), whichever is more wins."""
+        done = [h for h in history if h.decision == "restart"]
+        n = max(len(done), counted)
+        if n >= self.max_restarts:
+            return False, (f"restart budget spent ({n} of health.max_restarts={self.max_restarts})"
+                           if self.max_restarts else "restarts are off (health.max_restarts=0)")
+        if done and (step is None or (done[-1].step is not None and step <= done[-1].step)):
+            return False, (f"crash loop: no progress since the last restart (global step {step}, was "
+                           f"{done[-1].step}); not restarting")
+        return True, f"restart {n + 1}/{self.max_restarts} from the latest checkpoint (global step {step})"
+
+    def record(self, run_dir: RunDir, attempt: int, cause: str, *, by: str = "supervisor",
+               slurm_job_id: str = "", counted: int = 0) -> tuple[bool, str]:
+        """Decide after `attempt` ended because of `cause`, and append the decision to RUN_DIR/restarts.jsonl."""
+        step = run_dir.furthest_step()
+        ok, why = self.decide(run_dir.attempts(), step, counted)
+        try:
+            run_dir.append_attempt(AttemptRecord(t=time.time(), attempt=attempt, decision="restart" if ok else "stop",
+                                                 reason=f"{cause} -> {why}" if cause else why, step=step, by=by,
+                                                 slurm_job_id=slurm_job_id))
+        except OSError:
+            pass
+        return ok, why

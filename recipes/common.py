@@ -169,7 +169,8 @@ def load_tokenizer(cfg: dict):
 def check_liger(trainer_cfg: dict) -> None:
     if trainer_cfg.get("use_liger_kernel") and importlib.util.find_spec("liger_kernel") is None:
         raise RecipeError("trainer.use_liger_kernel is true but the `liger-kernel` package is not installed on this "
-                          "node (pip install liger-kernel; it needs a GPU with Triton). Set it to false to run without.")
+                          "node (pip install liger-kernel; it needs a GPU with Triton). "
+                          "Set it to false to run without.")
 
 
 def build_config(config_cls, cfg: dict, rt: Runtime, extra_defaults: dict | None = None):

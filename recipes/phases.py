@@ -15,8 +15,6 @@ import os
 import socket
 import time
 
-from orchestrator.node.proctools import process_start_time
-
 
 def mark(event: str, **extra) -> None:
     d = os.environ.get("ORCHESTRATE_HEARTBEAT_DIR")

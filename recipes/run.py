@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     from recipes import phases
     from recipes.common import RecipeError
 
-    phases.mark("boot", proc_start=phases.process_start_time())
+    from orchestrator.node.proctools import process_start_time
+    phases.mark("boot", proc_start=process_start_time())
     try:
         result = run(load_recipe(argv[0]))
     except RecipeError as e:

@@ -45,7 +45,7 @@ def _local_param_stats(model) -> dict[str, Any]:
 def _optimizer_state_numel(optimizer) -> int | None:
     opt = optimizer
     for _ in range(4):  # AcceleratedOptimizer -> DeepSpeedZeroOptimizer -> torch optimizer
-        if hasattr(opt, "state") and isinstance(getattr(opt, "state"), dict) and not hasattr(opt, "optimizer"):
+        if hasattr(opt, "state") and isinstance(opt.state, dict) and not hasattr(opt, "optimizer"):
             break
         if not hasattr(opt, "optimizer"):
             break

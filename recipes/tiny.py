@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from orchestrator.core.models import BUILTIN_MODELS, VOCAB_SIZE  # noqa: F401 - re-exported
+from orchestrator.core.models import BUILTIN_MODELS, VOCAB_SIZE
 
 VERSION = "v1"
 SEED = 1234

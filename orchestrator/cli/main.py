@@ -15,6 +15,7 @@ import sys
 
 from orchestrator import __version__
 from orchestrator.errors import OrchestratorError
+from orchestrator.types import is_terminal
 
 EPILOG = """examples:
   orchestrate submit recipes/configs/sft_tiny.yaml
@@ -129,18 +130,14 @@ def cmd_submit(args) -> int:
     if args.detach:
         from orchestrator.detach import detach
         return detach(sys.argv[1:] if args._argv is None else args._argv, prepared)
-    from orchestrator.node.heartbeat import parse_forwarded
     from orchestrator.cli.progress import Progress
+    from orchestrator.cli.tty import use_rich
+    from orchestrator.supervise import Supervisor
     result_line: dict = {}
     hosts = {n.node_rank: n.host or f"node{n.node_rank}" for n in prepared.plan.node_plans}
-    from orchestrator.cli.tty import use_rich
     progress = Progress(rich=args.quiet and use_rich(args.color))
 
     def on_line(rank: int, line: str) -> None:
-        hb = parse_forwarded(line)
-        if hb is not None:
-            progress.feed(hb)
-            return
         if line.startswith("ORCHESTRATE_RESULT "):
             try:
                 result_line.update(json.loads(line.split(" ", 1)[1]))
@@ -158,8 +155,10 @@ def cmd_submit(args) -> int:
 
     from orchestrator.detach import record_self
     record_self(prepared.plan.job_id)
+    sup = Supervisor(prepared.plan)
+    _supervisor_signals(sup, prepared.plan.run_dir)
     try:
-        result = api.submit(prepared, on_line=on_line, on_event=on_event)
+        result = api.submit(prepared, on_line=on_line, on_beat=progress.feed, on_event=on_event, supervisor=sup)
     finally:
         progress.close()
     job = prepared.plan.job_id
@@ -171,19 +170,33 @@ def cmd_submit(args) -> int:
     return result.returncode or 1
 
 
+def _supervisor_signals(sup, run_dir: str) -> None:
+    """The supervising process installs its own handlers whatever it inherited (a background launch arrives with
+    SIGINT ignored): Ctrl-C / SIGINT, SIGTERM (what `orchestrate cancel` sends, after writing its request in the run
+    dir) and SIGHUP (the terminal went away) all make the supervisor cancel the job: every node stopped, recorded."""
+    import signal as _signal
+    from orchestrator.node.rundir import RunDir
+
+    def handler(signum, _frame) -> None:
+        req = RunDir(run_dir).cancel_request() if signum == _signal.SIGTERM else None
+        why = (req or {}).get("by") or {_signal.SIGINT: "interrupted (Ctrl-C) on the submit host",
+                                        _signal.SIGHUP: "the submitting terminal hung up (SIGHUP)"}.get(
+            signum, f"the supervising process got {_signal.Signals(signum).name}")
+        sup.request_cancel(why)
+
+    for s in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        _signal.signal(s, handler)
+
+
 def _record(job: str):
-    from orchestrator.errors import ConfigError
-    from orchestrator.store import JobStore
-    rec = JobStore().get(job)
-    if rec is None:
-        raise ConfigError(f"job {job!r} not found (see `orchestrate ls`)")
-    return rec
+    from orchestrator import api
+    return api._record(job)
 
 
 def cmd_ls(args) -> int:
-    from orchestrator.store import JobStore
+    from orchestrator import api
     from orchestrator.cli.views import last_step
-    rows = [dict(r.to_dict(), step=last_step(r.run_dir)) for r in JobStore().list(args.limit)]
+    rows = [dict(r.to_dict(), step=last_step(r.run_dir)) for r in api.jobs(args.limit)]
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True))
     else:
@@ -192,40 +205,13 @@ def cmd_ls(args) -> int:
     return 0
 
 
-def _refresh_from_scheduler(rec):
-    """A scheduler-run job (SLURM) lives on without its submitting terminal: ask the scheduler, record a final
-    state the store has not seen, and return (record, scheduler state text or None)."""
-    from orchestrator.store import TERMINAL, JobStore
-    from orchestrator.detach import live_supervisor
-    if rec.backend != "slurm" or rec.state in TERMINAL or live_supervisor(rec.id) is not None:
-        return rec, None
-    from pathlib import Path
-    from orchestrator.types import JobHandle
-    from orchestrator import api
-    from orchestrator.core.spec import cluster_from_dict
-    run_dir = Path(rec.run_dir)
-    try:
-        cluster = cluster_from_dict(json.loads((run_dir / "cluster.json").read_text()))
-        h = json.loads((run_dir / "handle.json").read_text())
-        launcher = api.make_launcher(cluster, run_dir)
-        handle = JobHandle(h["uri"], dict(h.get("data") or {}, run_dir=str(run_dir)))
-        q = launcher.query(handle)
-    except Exception as e:  # noqa: BLE001 - status must still show what the store knows
-        return rec, f"unknown ({type(e).__name__}: {str(e)[:120]})"
-    if q["terminal"]:
-        res = launcher.result(handle, q)
-        JobStore().update(rec.id, res.state, detail=res.root_cause or None, exit_code=res.returncode,
-                          root_cause=res.root_cause or None)
-        rec = JobStore().get(rec.id)
-    return rec, f"{q['state']} (SLURM {q['slurm_state']}{', ' + q['reason'] if q.get('reason') else ''})"
-
-
 def cmd_status(args) -> int:
+    from orchestrator import api
     from orchestrator.cli.views import job_status
-    rec, sched = _refresh_from_scheduler(_record(args.job))
+    rec, backend = api.status(args.job)
     st = job_status(rec.to_dict())
-    if sched:
-        st["scheduler"] = sched
+    if backend is not None and (backend.detail or backend.reason):
+        st["scheduler"] = f"{backend.state} ({backend.detail or backend.reason})"
     if args.json:
         print(json.dumps(st, indent=2, sort_keys=True))
     else:
@@ -237,7 +223,7 @@ def cmd_status(args) -> int:
 def cmd_logs(args) -> int:
     import time
     from orchestrator.cli.logtail import LogTail
-    from orchestrator.store import TERMINAL, JobStore
+    from orchestrator.store import JobStore
     rec = _record(args.job)
     tail = LogTail(rec.run_dir, node=args.node, rank=args.rank, grep=args.grep)
     tail.drain()
@@ -245,7 +231,7 @@ def cmd_logs(args) -> int:
         state = JobStore().get(rec.id).state
         time.sleep(0.5)
         tail.drain()
-        if state in TERMINAL:
+        if is_terminal(state):
             break
     return 0
 
@@ -256,7 +242,7 @@ def cmd_attach(args) -> int:
     from orchestrator.node.heartbeat import HeartbeatTail
     from orchestrator.cli.logtail import LogTail
     from orchestrator.cli.progress import Progress
-    from orchestrator.store import TERMINAL, JobStore
+    from orchestrator.store import JobStore
     rec = _record(args.job)
     print(f"attached to job {rec.id} ({rec.state}); Ctrl-C detaches, the job keeps running", flush=True)
     from orchestrator.cli.tty import use_rich
@@ -270,7 +256,7 @@ def cmd_attach(args) -> int:
                 tail.drain()
             for b in beats.read():
                 progress.feed(b)
-            if state in TERMINAL:
+            if is_terminal(state):
                 break
             time.sleep(1.0)
     except KeyboardInterrupt:
@@ -293,40 +279,14 @@ def cmd_plot(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from pathlib import Path
-    from orchestrator.types import JobHandle
     from orchestrator import api
-    from orchestrator.core.spec import cluster_from_dict
-    from orchestrator.store import TERMINAL, JobStore
-    from orchestrator.detach import live_supervisor
     rec = _record(args.job)
-    if rec.state in TERMINAL:
+    if is_terminal(rec.state):
         print(f"job {rec.id} already {rec.state}")
         return 0
-    run_dir = Path(rec.run_dir)
-    sup = live_supervisor(rec.id)
-    if sup is not None:  # the submit process (attached or detached) tears down and records CANCELLED
-        import signal as _signal
-        import time
-        os.kill(sup, _signal.SIGINT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and JobStore().get(rec.id).state not in TERMINAL:
-            time.sleep(0.2)
-        print(f"job {rec.id} {JobStore().get(rec.id).state}")
-        return 0
-    if rec.backend == "local":
-        from orchestrator.launchers.local import cancel_run_dir
-        cancel_run_dir(run_dir)
-    else:
-        try:
-            cluster = cluster_from_dict(json.loads((run_dir / "cluster.json").read_text()))
-            h = json.loads((run_dir / "handle.json").read_text())
-        except (OSError, ValueError) as e:
-            raise OrchestratorError(f"job {rec.id}: cannot cancel, run dir incomplete ({e})") from None
-        api.make_launcher(cluster, run_dir).cancel(JobHandle(h["uri"], dict(h.get("data") or {}, run_dir=str(run_dir))))
-    JobStore().update(rec.id, "CANCELLED", detail="cancelled by the user")
-    print(f"job {rec.id} cancelled")
-    return 0
+    state = api.cancel(rec.id)
+    print(f"job {rec.id} {state}")
+    return 0 if state == "CANCELLED" else 1
 
 
 COMMANDS = {"submit": cmd_submit, "render": cmd_render, "ls": cmd_ls, "status": cmd_status, "logs": cmd_logs,
@@ -345,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    os.umask(0o077)  # run dirs, logs, the store, caches: everything orchestrate creates is owner-only
     try:
         return COMMANDS[args.command](args)
     except OrchestratorError as e:
@@ -356,6 +317,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("orchestrate: cancelled", file=sys.stderr)
         return 130
+    except OSError as e:
+        import errno
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
+            raise
+        if args.debug:
+            import traceback
+            traceback.print_exc()
+        what = "no space left on device" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
+        print(f"orchestrate: error: {e.filename or 'a file'}: {what}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.core.health import HealthMonitor, HealthSpec
 from orchestrator.node.heartbeat import read_all
-from orchestrator.store import TERMINAL
+from orchestrator.types import is_terminal
 
 SPARKS = "▁▂▃▄▅▆▇█"
 
@@ -45,7 +45,8 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
     run_dir = Path(record["run_dir"])
     plan = _read_json(run_dir / "plan.json")
     heartbeats = read_all(run_dir / "heartbeats")
-    monitor = HealthMonitor(HealthSpec(**(plan.get("health") or {})), int(plan.get("world_size") or record["world_size"]), now)
+    world = int(plan.get("world_size") or record["world_size"])
+    monitor = HealthMonitor(HealthSpec(**(plan.get("health") or {})), world, now)
     for rec in heartbeats:
         monitor.feed(rec, float(rec.get("t") or now))
     nodes = []
@@ -79,9 +80,9 @@ def _rank_state(node: dict[str, Any] | None, hb: dict[str, Any] | None, job_stat
     if code is not None:
         return ("preempted" if event == "preempted" else "done") if code == 0 else \
             "stopped" if node["stop_reason"] else "failed"
-    if event in ("end", "preempted") or (hb is not None and job_state not in TERMINAL):
+    if event in ("end", "preempted") or (hb is not None and not is_terminal(job_state)):
         return EVENT_STATE.get(event, event or "running")
-    return "stopped" if job_state in TERMINAL else "waiting"
+    return "stopped" if is_terminal(job_state) else "waiting"
 
 
 def rank_rows(st: dict[str, Any]) -> list[dict[str, Any]]:

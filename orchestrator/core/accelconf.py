@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-HEADER = "# Rendered by orchestrate for job {job}, node {rank} of {nodes}. Loaded by `accelerate launch --config_file`.\n"
+HEADER = ("# Rendered by orchestrate for job {job}, node {rank} of {nodes}. "
+          "Loaded by `accelerate launch --config_file`.\n")
 
 
 def to_yaml(data: Any) -> str:

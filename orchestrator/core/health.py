@@ -20,7 +20,9 @@ class HealthSpec:
     stall_timeout: float = 300
     startup_timeout: float = 1800
     save_timeout: float = 1800
-    max_restarts: int = 0
+    # Restarts from the latest checkpoint after a failure, hang or preemption (SLURM requeues count too). None:
+    # 3 on SLURM (preemption is routine there), 0 elsewhere; the plan holds the resolved number.
+    max_restarts: int | None = None
     poll_interval: float = 1.0
     stack_dumps: bool = True
 
@@ -84,6 +86,8 @@ class HealthMonitor:
         if isinstance(loss, (int, float)):
             st.loss = float(loss)
             st.losses.append((st.step, float(loss)))
+        if st.event == "boot":  # a (re)started rank: start-up again, whatever an earlier attempt reached
+            st.stepped = False
         if st.event in ("step", "save_start", "save") and isinstance(step, int) and step > 0:
             st.stepped = True
 

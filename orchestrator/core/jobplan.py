@@ -16,6 +16,8 @@ PLAN_VERSION = 1
 
 # Placeholders that the node agent replaces with facts only the node knows (SLURM allocations).
 LATE_MAIN_IP = "${main_process_ip}"
+# Paths of the run dir in a plan start with this; each node binds it to where its run dir is (node.rundir).
+RUN_DIR_VAR = "${RUN_DIR}"
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class LaunchPlan:
     """The whole job, resolved: sizes, batch arithmetic, and every node's config and command."""
 
     job_id: str
-    recipe: str  # sft | dpo | cp
+    recipe: str  # a built-in recipe: sft | dpo | cp; own code: its run kind, script | module | trl
     recipe_name: str  # file stem, for humans
     cluster_kind: str  # local | ssh | slurm
     cluster_name: str
@@ -59,15 +61,15 @@ class LaunchPlan:
     world_size: int
     parallelism: dict[str, int]
     data_parallel_size: int
-    per_device_batch: int
-    grad_accum: int
-    effective_batch: int
+    per_device_batch: int | None  # None: own code whose args carry no batch fields (its code decides)
+    grad_accum: int | None
+    effective_batch: int | None
     max_length: int | None
     tokens_per_step: int | None  # exact when packing, else an upper bound
     tokens_per_step_exact: bool
     main_host: str  # LATE_MAIN_IP when the scheduler decides
     port: int
-    run_dir: str  # as the nodes see it
+    run_dir: str  # where the submitter writes the run dir (a node may see it elsewhere: paths use RUN_DIR_VAR)
     output_dir: str
     python: str
     secret_env: tuple[str, ...]  # names passed through from the submit environment, never values
@@ -75,6 +77,10 @@ class LaunchPlan:
     warnings: tuple[str, ...] = ()
     health: HealthSpec = field(default_factory=HealthSpec)
     version: int = PLAN_VERSION
+    # What every rank runs (the entry after `accelerate launch --config_file ...` in each node's command):
+    run_kind: str = "recipe"  # recipe (built-in: -m recipes.run) | script | module | trl
+    run_target: str = ""  # script: its absolute path; module: its name; trl: the subcommand (sft, grpo, ...)
+    run_paths: tuple[str, ...] = ()  # own code: the absolute local paths its command names (script, path-like args)
 
     def node(self, rank: int) -> NodePlan:
         return self.node_plans[rank]
@@ -84,6 +90,10 @@ class LaunchPlan:
         d["node_plans"] = [n.to_dict() for n in self.node_plans]
         d["secret_env"] = list(self.secret_env)
         d["warnings"] = list(self.warnings)
+        d["run_paths"] = list(self.run_paths)
+        for name in _UNSET_LEFT_OUT:  # fields added after version 1: written when they say something (a built-in
+            if d[name] == _DEFAULTS[name]:  # recipe's plan.json keeps its bytes)
+                del d[name]
         return d
 
     def to_json(self) -> str:
@@ -95,6 +105,7 @@ class LaunchPlan:
         d["node_plans"] = tuple(NodePlan.from_dict(n) for n in d["node_plans"])
         d["secret_env"] = tuple(d.get("secret_env", ()))
         d["warnings"] = tuple(d.get("warnings", ()))
+        d["run_paths"] = tuple(d.get("run_paths", ()))
         d["parallelism"] = dict(d["parallelism"])
         d["health"] = HealthSpec(**(d.get("health") or {}))
         return cls(**d)
@@ -102,3 +113,7 @@ class LaunchPlan:
     @classmethod
     def from_json(cls, text: str) -> "LaunchPlan":
         return cls.from_dict(json.loads(text))
+
+
+_UNSET_LEFT_OUT = ("run_kind", "run_target", "run_paths")
+_DEFAULTS: dict[str, Any] = {"run_kind": "recipe", "run_target": "", "run_paths": []}

@@ -1,5 +1,11 @@
-"""The pure planner: (RecipeSpec, ClusterSpec, PlanFacts) -> LaunchPlan, or a ConfigError listing
+"""The pure planner: (JobSpec, ClusterSpec, PlanFacts) -> LaunchPlan, or a ConfigError listing
 every problem (parallelism arithmetic, profile/backend rules, divisibility, host counts).
+
+One path for every job: each node runs `python -m accelerate.commands.launch --config_file
+${RUN_DIR}/nodes/R/accelerate.yaml ENTRY...`, where ENTRY is `-m recipes.run ${RUN_DIR}/recipe.yaml` for a built-in
+recipe, `SCRIPT ARGS` / `-m MODULE ARGS` for your own code, and `-m trl.scripts.X ARGS` (the module of the installed
+TRL that its `trl X` runs on every rank) for a TRL subcommand. The batch arithmetic reads the trainer block, or the
+TrainingArguments fields a run's args carry.
 
 No I/O, no environment reads: everything the planner needs from the outside world (the profile's
 YAML content, the port, the python path, the model's head counts) arrives in `PlanFacts`.
@@ -15,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import ConfigError, Problem
-from orchestrator.core.jobplan import LATE_MAIN_IP, LaunchPlan, NodePlan
-from orchestrator.core.spec import ClusterSpec, RecipeSpec
+from orchestrator.core.health import HealthSpec
+from orchestrator.core.jobplan import LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan, NodePlan
+from orchestrator.core.spec import ClusterSpec, JobSpec, RecipeSpec, RunJobSpec, run_settings
 
 # accelerate's ClusterConfig fields (accelerate/commands/config/config_args.py); a unit test keeps this in sync.
 ACCELERATE_KEYS = frozenset({
@@ -25,12 +32,13 @@ ACCELERATE_KEYS = frozenset({
     "same_network", "main_training_function", "enable_cpu_affinity", "fp8_config", "deepspeed_config",
     "fsdp_config", "parallelism_config", "megatron_lm_config", "mpirun_config", "downcast_bf16", "tpu_name",
     "tpu_zone", "tpu_use_cluster", "tpu_use_sudo", "command_file", "commands", "tpu_vm", "tpu_env",
-    "dynamo_config", "ipex_config", "mpirun_config",
+    "dynamo_config", "ipex_config",
 })
 DISTRIBUTED_TYPES = frozenset({"NO", "MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA",
                                "MULTI_MUSA", "MULTI_HPU", "DEEPSPEED", "FSDP", "MEGATRON_LM", "XLA", "TPU"})
 TRAINER_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
 DEFAULT_MAX_LENGTH = {"sft": 1024, "dpo": 1024, "cp": 1024}
+RECIPE_ENTRY = ("-m", "recipes.run", f"{RUN_DIR_VAR}/recipe.yaml")  # what a rank runs for a built-in recipe
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,8 @@ class PlanFacts:
     profile_config: dict[str, Any]
     model_facts: dict[str, Any] | None = None  # num_attention_heads, num_key_value_heads
     hosts: tuple[str, ...] = ()  # ssh: the cluster's hosts; local: empty
+    run_module: str | None = None  # a `trl:` job: the module of the installed TRL that runs the subcommand on a rank
+    trainer_defaults: dict[str, Any] | None = None  # own code: defaults of the config its args fill (None: unknown)
 
 
 def check_accelerate_config(cfg: Any, where: str) -> list[Problem]:
@@ -84,7 +94,7 @@ def parse_time_s(value: str) -> int | None:
     return int(a) * 3600 + int(b) * 60 + int(c)
 
 
-def _parallelism(recipe: RecipeSpec, world: int, problems: list[Problem]) -> dict[str, int]:
+def _parallelism(recipe: JobSpec, world: int, problems: list[Problem]) -> dict[str, int]:
     p = recipe.launch.parallelism
     given = {k: getattr(p, k) for k in ("dp_replicate", "dp_shard", "tp", "cp", "sp")}
     cp, sp = given["cp"] or 1, given["sp"] or 1
@@ -107,21 +117,56 @@ def _parallelism(recipe: RecipeSpec, world: int, problems: list[Problem]) -> dic
     return {"dp_replicate": rep, "dp_shard": shard, "tp": tp, "cp": cp, "sp": sp}
 
 
-def _rules(recipe: RecipeSpec, par: dict[str, int], dist: str, facts: PlanFacts, problems: list[Problem]) -> None:
+def sequence_multiple(cp: int, sp: int) -> tuple[int, str]:
+    """What every sequence length must be a multiple of under context (cp*2) or sequence (sp) parallelism; 1: none."""
+    if cp > 1:
+        return cp * 2, f"cp*2 = {cp * 2} (ring attention)"
+    if sp > 1:
+        return sp, f"sp = {sp} (Ulysses)"
+    return 1, ""
+
+
+def apply_plan_defaults(recipe: JobSpec) -> tuple[JobSpec, tuple[str, ...]]:
+    """The trainer settings the plan fills in when the recipe leaves them unset, and a note for each:
+    under cp > 1 / sp > 1, `trainer.pad_to_multiple_of` = cp*2 / sp. Call it before planning so that the
+    resolved recipe (RUN_DIR/recipe.yaml) carries what the ranks use; a value that is set is kept (and
+    checked by the planner). Own code (`run:`) is left as written here (make_plan adds what a TRL subcommand
+    needs: `_run_defaults`)."""
+    if isinstance(recipe, RunJobSpec):
+        return recipe, ()
+    p = recipe.launch.parallelism
+    multiple, why = sequence_multiple(p.cp or 1, p.sp or 1)
+    if multiple > 1 and recipe.trainer.get("pad_to_multiple_of") is None:
+        trainer = dict(recipe.trainer, pad_to_multiple_of=multiple)
+        note = f"trainer.pad_to_multiple_of set to {multiple}: sequence lengths must be a multiple of {why}"
+        return dataclasses.replace(recipe, trainer=trainer), (note,)
+    return recipe, ()
+
+
+def _settings(recipe: JobSpec) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the trainer settings the plan reads, {setting: its key path}): the trainer block of a recipe, or the options
+    of a run's args."""
+    if isinstance(recipe, RecipeSpec):
+        return dict(recipe.trainer), {k: f"trainer.{k}" for k in recipe.trainer}
+    return run_settings(recipe.run), {k: where for k, (_, where) in recipe.run.options().items()}
+
+
+def _rules(recipe: JobSpec, par: dict[str, int], dist: str, facts: PlanFacts, problems: list[Problem]) -> None:
     cp, sp, tp = par["cp"], par["sp"], par["tp"]
-    t = recipe.trainer
+    t, where = _settings(recipe)
     fsdp_version = (facts.profile_config.get("fsdp_config") or {}).get("fsdp_version")
     if cp > 1:
         if dist != "FSDP" or str(fsdp_version) != "2":
             problems.append(Problem("launch.parallelism.cp", f"cp > 1 needs FSDP2 (profile fsdp2 or context_parallel), "
                                                              f"profile {facts.profile_name!r} is {dist}"))
-        if recipe.model.attn_implementation != "sdpa":
-            problems.append(Problem("model.attn_implementation", "context parallelism (cp > 1) needs 'sdpa', got "
-                                    f"{recipe.model.attn_implementation!r}"))
+        attn = t.get("attn_implementation") if isinstance(recipe, RunJobSpec) else recipe.model.attn_implementation
+        if (attn is not None or isinstance(recipe, RecipeSpec)) and attn != "sdpa":
+            problems.append(Problem(where.get("attn_implementation", "model.attn_implementation"),
+                                    f"context parallelism (cp > 1) needs 'sdpa', got {attn!r}"))
     if sp > 1 and dist != "DEEPSPEED":
         problems.append(Problem("launch.parallelism.sp", f"sp > 1 (ALST/Ulysses) needs DeepSpeed (profile zero3 or "
                                                          f"alst_ulysses), profile {facts.profile_name!r} is {dist}"))
-    if recipe.recipe == "cp" and cp == 1 and sp == 1:
+    if isinstance(recipe, RecipeSpec) and recipe.recipe == "cp" and cp == 1 and sp == 1:
         problems.append(Problem("launch.parallelism", "recipe 'cp' needs cp > 1 (ring attention) or sp > 1 (Ulysses)"))
     if facts.profile_name in ("context_parallel",) and cp == 1:
         problems.append(Problem("launch.parallelism.cp", "profile 'context_parallel' needs cp > 1"))
@@ -129,18 +174,17 @@ def _rules(recipe: RecipeSpec, par: dict[str, int], dist: str, facts: PlanFacts,
         problems.append(Problem("launch.parallelism.sp", "profile 'alst_ulysses' needs sp > 1"))
     if tp > 1 and dist not in ("FSDP",):
         problems.append(Problem("launch.parallelism.tp", f"tp > 1 needs an FSDP2 profile, profile is {dist}"))
-    divisor, why = (cp * 2, f"cp*2 = {cp * 2} (ring attention)") if cp > 1 else (sp, f"sp = {sp} (Ulysses)")
-    if divisor > 1:
-        for key in ("max_length", "pad_to_multiple_of"):
+    divisor, why = sequence_multiple(cp, sp)
+    if divisor > 1:  # pad_to_multiple_of unset was filled in by apply_plan_defaults; a set one must fit
+        for key in ("max_length", "max_seq_length", "pad_to_multiple_of"):
             v = t.get(key)
             if v is not None and (not isinstance(v, int) or v % divisor):
-                problems.append(Problem(f"trainer.{key}", f"must be divisible by {why}, got {v!r}"))
-        if t.get("pad_to_multiple_of") is None:
-            problems.append(Problem("trainer.pad_to_multiple_of", f"must be set to a multiple of {why}"))
+                problems.append(Problem(where.get(key, f"trainer.{key}"), f"must be divisible by {why}, got {v!r}"))
     fsdp_ac = (facts.profile_config.get("fsdp_config") or {}).get("fsdp_activation_checkpointing")
-    if dist == "FSDP" and fsdp_ac and t.get("gradient_checkpointing"):
-        problems.append(Problem("trainer.gradient_checkpointing", "the FSDP profile already checkpoints activations "
-                                "(fsdp_activation_checkpointing); turn one of them off"))
+    if dist == "FSDP" and fsdp_ac and t.get("gradient_checkpointing") is True:
+        problems.append(Problem(where.get("gradient_checkpointing", "trainer.gradient_checkpointing"),
+                                "the FSDP profile already checkpoints activations (fsdp_activation_checkpointing); "
+                                "turn one of them off"))
     heads = (facts.model_facts or {}).get("num_attention_heads")
     kv = (facts.model_facts or {}).get("num_key_value_heads")
     for size, name in ((sp, "sp"), (tp, "tp")):
@@ -152,7 +196,7 @@ def _rules(recipe: RecipeSpec, par: dict[str, int], dist: str, facts: PlanFacts,
                                                              f"tp = {size}"))
 
 
-def _cluster_rules(recipe: RecipeSpec, cluster: ClusterSpec, facts: PlanFacts, problems: list[Problem]) -> None:
+def _cluster_rules(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, problems: list[Problem]) -> None:
     nodes = recipe.launch.nodes
     if cluster.kind == "ssh":
         hosts = facts.hosts
@@ -164,7 +208,7 @@ def _cluster_rules(recipe: RecipeSpec, cluster: ClusterSpec, facts: PlanFacts, p
 
 
 def slurm_problems(s, cluster_name: str, procs_per_node: int, accelerator: str) -> list[Problem]:
-    """The checks of a `slurm:` block that need no cluster (also used by orchestrator.launchers.slurm.sbatch.check_slurm)."""
+    """The checks of a `slurm:` block that need no cluster (also used by launchers.slurm.sbatch.check_slurm)."""
     problems: list[Problem] = []
     if s.max_gpus_per_node is not None and s.gpus_per_node > s.max_gpus_per_node:
         problems.append(Problem("slurm.gpus_per_node", f"{s.gpus_per_node} GPUs per node asked but cluster "
@@ -207,13 +251,101 @@ def _node_config(base: dict[str, Any], *, rank: int, nodes: int, world: int, mai
     return cfg
 
 
-def node_command(python: str, run_dir: str, rank: int) -> tuple[str, ...]:
-    return (python, "-m", "accelerate.commands.launch", "--config_file", f"{run_dir}/nodes/{rank}/accelerate.yaml",
-            "-m", "recipes.run", f"{run_dir}/recipe.yaml")
+def node_command(python: str, rank: int, entry: tuple[str, ...] = RECIPE_ENTRY) -> tuple[str, ...]:
+    """What node `rank` runs: accelerate launch with its config, then `entry` (what every rank runs: run_entry);
+    run-dir paths are relative (RUN_DIR_VAR), bound by the node agent."""
+    return (python, "-m", "accelerate.commands.launch", "--config_file",
+            f"{RUN_DIR_VAR}/nodes/{rank}/accelerate.yaml", *entry)
 
 
-def make_plan(recipe: RecipeSpec, cluster: ClusterSpec, facts: PlanFacts) -> LaunchPlan:
-    """Plan the job or raise one ConfigError with every problem found."""
+def run_entry(recipe: JobSpec, facts: PlanFacts) -> tuple[str, ...]:
+    """What every rank runs, after `accelerate launch --config_file ...`."""
+    if isinstance(recipe, RecipeSpec):
+        return RECIPE_ENTRY
+    run = recipe.run
+    if run.script is not None:
+        return (run.script, *run.argv())
+    if run.module is not None:
+        return ("-m", run.module, *run.argv())
+    return ("-m", facts.run_module or f"trl.scripts.{(run.trl or '').replace('-', '_')}", *run.argv())
+
+
+def _run_defaults(recipe: RunJobSpec, par: dict[str, int], dist: str, world: int, facts: PlanFacts
+                  ) -> tuple[RunJobSpec, tuple[str, ...]]:
+    """What the plan adds to a TRL subcommand's args where they leave it unset and its config has the field (never to
+    your own script's, whose options it cannot know), with a note: under cp > 1 / sp > 1 `--pad_to_multiple_of`
+    cp*2 / sp; on a CPU cluster what the built-in recipes set there too (`--bf16 false` where the config does not
+    default it off, `--use_cpu true`, or `--ddp_backend gloo` under DeepSpeed, which accelerate drops with use_cpu)."""
+    run, notes = recipe.run, []
+    fields = facts.trainer_defaults or {}
+    multiple, why = sequence_multiple(par["cp"], par["sp"])
+    is_trl = run.kind == "trl"
+    added: list[str] = []
+
+    def add(name: str, value: str) -> None:
+        nonlocal run
+        if run.option(name) is None and name in fields and name not in run.options():
+            run = run.with_option(name, value)
+            added.append(f"--{name} {value}")
+    if multiple > 1 and run.option("pad_to_multiple_of") is None:
+        if is_trl and "pad_to_multiple_of" in fields:
+            add("pad_to_multiple_of", str(multiple))
+            notes.append(f"run.args: --pad_to_multiple_of {multiple} added: sequence lengths must be a multiple of "
+                         f"{why}")
+        else:
+            notes.append(f"sequence lengths must be a multiple of {why}: make your code pad to it")
+    if is_trl and facts.accelerator == "cpu":
+        before = len(added)
+        if "bf16" in fields and fields["bf16"] is not False and "fp16" not in run.options():  # None: on unless fp16
+            add("bf16", "false")
+        if dist != "DEEPSPEED":
+            add("use_cpu", "true")
+        elif world > 1:
+            add("ddp_backend", "gloo")
+        if len(added) > before:
+            notes.append(f"run.args: {' '.join(added[before:])} added (a CPU cluster)")
+    return (dataclasses.replace(recipe, run=run) if run is not recipe.run else recipe), tuple(notes)
+
+
+def _run_paths(entry: tuple[str, ...]) -> tuple[str, ...]:
+    """The absolute local paths a run's command names (its script, path-like args), in order, once each."""
+    out: list[str] = []
+    for word in entry:
+        value = word.partition("=")[2] if word.startswith("--") else word
+        if value.startswith("/") and value not in out:
+            out.append(value)
+    return tuple(out)
+
+
+def _batch(recipe: JobSpec, facts: PlanFacts) -> tuple[int | None, int | None, int | None, bool]:
+    """(per-device batch, accumulation, max length, tokens exact) from the trainer block, or from what a run's args
+    carry (a TRL subcommand: its config's defaults for the rest; your own code: TrainingArguments' defaults once it
+    carries one of the batch fields, else unknown)."""
+    bs_key, ga_key = "per_device_train_batch_size", "gradient_accumulation_steps"
+    if isinstance(recipe, RecipeSpec):
+        t = recipe.trainer
+        max_len = t.get("max_length", DEFAULT_MAX_LENGTH.get(recipe.recipe))
+        return (int(t.get(bs_key, TRAINER_DEFAULTS[bs_key])), int(t.get(ga_key, TRAINER_DEFAULTS[ga_key])),
+                max_len if isinstance(max_len, int) else None, bool(t.get("packing")) and recipe.recipe != "dpo")
+    t = run_settings(recipe.run)
+    defaults = dict(TRAINER_DEFAULTS, **(facts.trainer_defaults or {}))
+    bs = ga = None
+    if recipe.run.kind == "trl" or bs_key in t or ga_key in t:
+        bs, ga = t.get(bs_key, defaults.get(bs_key)), t.get(ga_key, defaults.get(ga_key))
+    max_len = t.get("max_length", t.get("max_seq_length"))
+    if max_len is None and recipe.run.kind == "trl":
+        max_len = defaults.get("max_length", defaults.get("max_seq_length"))
+    exact = t.get("packing") is True and recipe.run.trl == "sft"
+
+    def whole(v: Any) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+    return whole(bs), whole(ga), whole(max_len), exact
+
+
+def make_plan(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, notes: tuple[str, ...] = ()) -> LaunchPlan:
+    """Plan the job or raise one ConfigError with every problem found. `notes`: what apply_plan_defaults said
+    when the caller applied it first (they join the plan's warnings); unapplied defaults are applied here."""
+    recipe, defaulted = apply_plan_defaults(recipe)
     problems: list[Problem] = []
     nodes, ppn = recipe.launch.nodes, recipe.launch.procs_per_node
     world = nodes * ppn
@@ -221,10 +353,13 @@ def make_plan(recipe: RecipeSpec, cluster: ClusterSpec, facts: PlanFacts) -> Lau
     dist = str(facts.profile_config.get("distributed_type", "MULTI_GPU")) if isinstance(facts.profile_config, dict) \
         else "MULTI_GPU"
     par = _parallelism(recipe, world, problems)
+    if isinstance(recipe, RunJobSpec):
+        recipe, run_notes = _run_defaults(recipe, par, dist, world, facts)
+        defaulted = (*defaulted, *run_notes)
     _rules(recipe, par, dist, facts, problems)
     _cluster_rules(recipe, cluster, facts, problems)
     cpu = facts.accelerator == "cpu"
-    warnings: list[str] = []
+    warnings: list[str] = [*notes, *defaulted]
     if cpu and dist == "FSDP":
         fsdp_v = str((facts.profile_config.get("fsdp_config") or {}).get("fsdp_version", "1"))
         if fsdp_v != "2":
@@ -236,7 +371,12 @@ def make_plan(recipe: RecipeSpec, cluster: ClusterSpec, facts: PlanFacts) -> Lau
     mp = recipe.launch.mixed_precision
     if mp is None:
         mp = "no" if cpu else str(facts.profile_config.get("mixed_precision", "no"))
-        if not cpu and recipe.model.dtype == "float32":
+        if isinstance(recipe, RunJobSpec):
+            args = run_settings(recipe.run)
+            dtype = args.get("dtype") or args.get("torch_dtype")
+        else:
+            dtype = recipe.model.dtype
+        if not cpu and dtype == "float32":
             mp = "no"
     elif cpu and mp != "no":
         warnings.append(f"launch.mixed_precision={mp} ignored on CPU")
@@ -253,6 +393,9 @@ def make_plan(recipe: RecipeSpec, cluster: ClusterSpec, facts: PlanFacts) -> Lau
         main_host = "127.0.0.1"
 
     env = dict(cluster.env)
+    if isinstance(recipe, RunJobSpec):  # the ranks' health hooks (orchestrator/node/hooks) follow checkpoint:
+        env.update(ORCHESTRATE_RESUME=recipe.checkpoint.resume,
+                   ORCHESTRATE_SAVE_ON_SIGNAL="1" if recipe.checkpoint.save_on_signal else "0")
     env.update(recipe.launch.env)
     ifname = cluster.network_interface or ("lo" if cluster.kind == "local" else None)
     if ifname:
@@ -260,31 +403,43 @@ def make_plan(recipe: RecipeSpec, cluster: ClusterSpec, facts: PlanFacts) -> Lau
         if not cpu:
             env.setdefault("NCCL_SOCKET_IFNAME", ifname)
 
+    entry = run_entry(recipe, facts)
     node_plans = []
     for r in range(nodes):
         cfg = _node_config(facts.profile_config, rank=r, nodes=nodes, world=world, main_host=main_host,
                            port=facts.port, cpu=cpu, mixed_precision=mp, par=par)
         node_plans.append(NodePlan(node_rank=r, host=hosts[r], ranks=tuple(range(r * ppn, (r + 1) * ppn)),
-                                   accelerate_config=cfg, command=node_command(facts.python, facts.run_dir, r),
+                                   accelerate_config=cfg, command=node_command(facts.python, r, entry),
                                    env=dict(sorted(env.items()))))
 
-    t = recipe.trainer
-    bs = int(t.get("per_device_train_batch_size", TRAINER_DEFAULTS["per_device_train_batch_size"]))
-    ga = int(t.get("gradient_accumulation_steps", TRAINER_DEFAULTS["gradient_accumulation_steps"]))
+    bs, ga, max_len, exact = _batch(recipe, facts)
     dp = world // (par["tp"] * par["cp"] * par["sp"])
-    max_len = t.get("max_length", DEFAULT_MAX_LENGTH.get(recipe.recipe))
-    eff = bs * ga * dp
+    eff = bs * ga * dp if bs is not None and ga is not None else None
+    if isinstance(recipe, RunJobSpec):
+        label, run_kind, run_target, run_paths = recipe.run.kind, recipe.run.kind, recipe.run.target, _run_paths(entry)
+    else:
+        label, run_kind, run_target, run_paths = recipe.recipe, "recipe", "", ()
     return LaunchPlan(
-        job_id=facts.job_id, recipe=recipe.recipe, recipe_name=recipe.name, cluster_kind=cluster.kind,
+        job_id=facts.job_id, recipe=label, recipe_name=recipe.name, cluster_kind=cluster.kind,
         cluster_name=cluster.name, accelerator=facts.accelerator, profile=facts.profile_name,
         distributed_type=str(node_plans[0].accelerate_config.get("distributed_type")), nodes=nodes,
         procs_per_node=ppn, world_size=world, parallelism=par, data_parallel_size=dp, per_device_batch=bs,
-        grad_accum=ga, effective_batch=eff, max_length=max_len if isinstance(max_len, int) else None,
-        tokens_per_step=eff * max_len if isinstance(max_len, int) else None,
-        tokens_per_step_exact=bool(t.get("packing")) and recipe.recipe != "dpo",
+        grad_accum=ga, effective_batch=eff, max_length=max_len,
+        tokens_per_step=eff * max_len if eff is not None and max_len is not None else None,
+        tokens_per_step_exact=exact,
         main_host=main_host, port=facts.port, run_dir=facts.run_dir, output_dir=facts.output_dir,
         python=facts.python, secret_env=recipe.launch.secret_env, node_plans=tuple(node_plans),
-        warnings=tuple(warnings), health=recipe.health)
+        warnings=tuple(warnings), health=resolve_health(recipe.health, cluster), run_kind=run_kind,
+        run_target=run_target, run_paths=run_paths)
+
+
+def resolve_health(health: HealthSpec, cluster: ClusterSpec) -> HealthSpec:
+    """The plan's health settings: `max_restarts` None means 3 on SLURM (preemptions are routine), 0 elsewhere."""
+    if health.max_restarts is not None:
+        return health
+    legacy = getattr(cluster.slurm, "max_restarts", None) if cluster.slurm is not None else None
+    return dataclasses.replace(health, max_restarts=int(legacy) if legacy is not None else
+                               (3 if cluster.kind == "slurm" else 0))
 
 
 def command_line(argv: tuple[str, ...] | list[str]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.core.accelconf import HEADER, accelerate_config_text, to_yaml as _yaml
-from orchestrator.core.jobplan import LaunchPlan
+from orchestrator.core.jobplan import RUN_DIR_VAR, LaunchPlan
 from orchestrator.core.plan import command_line
 
 def node_accelerate_yaml(plan: LaunchPlan, rank: int) -> str:
@@ -26,9 +26,10 @@ def node_command_text(plan: LaunchPlan, rank: int) -> str:
         lines.append(f"{k}={command_line([v])}")
     for name in plan.secret_env:
         lines.append(f"{name}=***  # secret, passed from the submit environment, never written")
-    lines.append("# command (run by `python -m orchestrator.node.agent RUN_DIR --node-rank "
-                 f"{rank}`, in its own process group):")
-    lines.append(command_line(node.command))
+    lines.append(f"# command (run by the node agent, `python -m orchestrator.node RUN_DIR --node-rank {rank}`, in its "
+                 f"own process group; {RUN_DIR_VAR} is where the run dir is on the node, here {plan.run_dir}):")
+    lines.append(command_line([plan.run_dir + a[len(RUN_DIR_VAR):] if a.startswith(RUN_DIR_VAR) else a
+                               for a in node.command]))
     return "\n".join(lines) + "\n"
 
 
@@ -49,24 +50,41 @@ def render_files(plan: LaunchPlan, recipe_dict: dict[str, Any]) -> dict[str, str
     return files
 
 
+def bound_command(plan: LaunchPlan, rank: int) -> str:
+    """Node `rank`'s command as one shell line, with the run dir's placeholder bound to `plan.run_dir`."""
+    return command_line([plan.run_dir + a[len(RUN_DIR_VAR):] if a.startswith(RUN_DIR_VAR) else a
+                         for a in plan.node(rank).command])
+
+
 def summary(plan: LaunchPlan, max_nodes_shown: int = 8) -> str:
     par = plan.parallelism
     extra = ", ".join(f"{k}={v}" for k, v in par.items() if v > 1 and k != "dp_shard")
     tok = "unknown"
     if plan.tokens_per_step is not None:
-        tok = f"{plan.tokens_per_step:,}" + ("" if plan.tokens_per_step_exact else " (at most; exact with packing)")
+        tok = f"{plan.tokens_per_step:,}" + ("" if plan.tokens_per_step_exact else " (at most)" if plan.run_kind in
+                                             ("script", "module") else " (at most; exact with packing)")
+    own = plan.run_kind != "recipe"
+    what = (f"own code: {plan.run_kind} {plan.run_target}, job '{plan.recipe_name}'" if own
+            else f"{plan.recipe} recipe '{plan.recipe_name}'")
+    if plan.effective_batch is not None:
+        batch = (f"{plan.per_device_batch} per device x {plan.grad_accum} accumulation x {plan.data_parallel_size} = "
+                 f"{plan.effective_batch} sequences per optimizer step")
+    else:
+        batch = ("set by your code (run.args carry no per_device_train_batch_size / gradient_accumulation_steps; "
+                 f"data parallel {plan.data_parallel_size})")
     lines = [
-        f"job        {plan.job_id}  ({plan.recipe} recipe '{plan.recipe_name}', {plan.cluster_kind} cluster "
-        f"'{plan.cluster_name}', {plan.accelerator})",
+        f"job        {plan.job_id}  ({what}, {plan.cluster_kind} cluster '{plan.cluster_name}', {plan.accelerator})",
         f"profile    {plan.profile} -> {plan.distributed_type}" + (f"  [{extra}]" if extra else ""),
         f"world      {plan.nodes} node(s) x {plan.procs_per_node} process(es) = {plan.world_size} "
         f"(data parallel {plan.data_parallel_size})",
-        f"batch      {plan.per_device_batch} per device x {plan.grad_accum} accumulation x "
-        f"{plan.data_parallel_size} = {plan.effective_batch} sequences per optimizer step",
+        f"batch      {batch}",
         f"tokens     {tok} per step" + (f" (max_length {plan.max_length})" if plan.max_length else ""),
         f"rendezvous {plan.main_host}:{plan.port}",
         f"output     {plan.output_dir}",
     ]
+    if own:
+        lines.append(f"command    {bound_command(plan, 0)}" +
+                     (f"  (node R: nodes/R/accelerate.yaml, R = 0..{plan.nodes - 1})" if plan.nodes > 1 else ""))
     shown = plan.node_plans[:max_nodes_shown]
     for node in shown:
         lines.append(f"  node {node.node_rank:<4} host {node.host or '(scheduler)':<20} machine_rank "

@@ -1,82 +1,96 @@
 """Recipe and cluster specs: YAML + flags + key=value overrides -> frozen, validated dataclasses.
 
-The only omegaconf user. Merge order: schema defaults < file < CLI flags < dotlist overrides.
-`load_*` read files; `parse_*` are pure. Every problem of one input is reported together in one
-`ConfigError` (exit code 2) before anything is touched. Dotlist keys starting with `cluster.` go to
-the cluster file (e.g. `cluster.slurm.time=00:30:00`); all others to the recipe.
+A job file is a built-in recipe (`recipe: sft|dpo|cp` with model/data/trainer blocks: RecipeSpec) or your own code
+(`run: {script|module|trl, args}`: RunJobSpec); both share checkpoint/launch/health.
+
+The spec dataclasses below are the one source of the recipe and cluster fields, defaults and checks
+(core/schema.py derives the validator from them). Beyond single fields this module checks what spans
+several: the `trainer:` block against TRL's field kinds and the plan's ranges, the `run:` block (one entry point,
+TRL subcommands, its args' TrainingArguments-like values), ssh hosts (given or from a hostfile), blocks that do not
+match the cluster kind.
+
+The only omegaconf user (imported inside functions). Merge order: dataclass defaults < file < CLI flags <
+dotlist overrides. `read_yaml`/`load` read files; `parse_*` are pure. Every problem of one input is reported
+together in one `ConfigError` (exit code 2) before anything is touched. Dotlist keys starting with `cluster.`
+go to the cluster file (e.g. `cluster.slurm.time=00:30:00`); all others to the recipe.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
-from orchestrator.errors import ConfigError, Problem
 from orchestrator.core.health import HealthSpec
-from orchestrator.core.hostlist import HostlistError, expand
-from orchestrator.core.schema import (CLUSTER_SCHEMA, RECIPE_SCHEMA, check_env_map, is_secret_name, suggest,
-                                 validate)
+from orchestrator.core.schema import (Check, EnvMap, Hosts, Internal, NameList, Port, PosInt, RunArgs, StrOrList,
+                                      arg_text, build, check_value, duplicate_hosts, expand_host_entry, from_plain,
+                                      is_secret_name, one_of, rules, suggest, to_plain)
+from orchestrator.errors import ConfigError, Problem
 
 _DOT_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)*$")
+
+# ----------------------------------------------------------------------------------------- the specs
+# Each field is declared once: its type and default here are what the validator checks and fills in
+# (core/schema.py derives the rules; a field without a default is required).
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name_or_path: str
-    dtype: str = "auto"
+    dtype: Annotated[str, one_of("auto", "float32", "bfloat16", "float16")] = "auto"
     attn_implementation: str | None = None
     trust_remote_code: bool = False
 
 
 @dataclass(frozen=True)
 class DataSpec:
-    path: tuple[str, ...]
+    path: StrOrList  # one path / hub name, or a list of them
     config: str | None = None
     split: str = "train"
     eval_split: str | None = None
-    max_samples: int | None = None
+    max_samples: PosInt | None = None
 
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    resume: str = "auto"
+    resume: str = "auto"  # auto | never | a checkpoint directory
     save_on_signal: bool = True
 
 
 @dataclass(frozen=True)
 class ParallelismSpec:
-    dp_replicate: int | None = None
-    dp_shard: int | None = None
-    tp: int | None = None
-    cp: int | None = None
-    sp: int | None = None
+    dp_replicate: PosInt | None = None
+    dp_shard: PosInt | None = None
+    tp: PosInt | None = None
+    cp: PosInt | None = None
+    sp: PosInt | None = None
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    profile: str = "multi_gpu"
-    nodes: int = 1
-    procs_per_node: int = 1
-    mixed_precision: str | None = None
-    parallelism: ParallelismSpec = ParallelismSpec()
-    env: dict[str, str] = field(default_factory=dict)
-    secret_env: tuple[str, ...] = ()
-    port: int | None = None
+    profile: str = "multi_gpu"  # a name of core.schema.PROFILES or a path to an accelerate YAML
+    nodes: PosInt = 1
+    procs_per_node: PosInt = 1
+    mixed_precision: Annotated[str | None, one_of(None, "no", "bf16", "fp16")] = None
+    parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
+    env: EnvMap = field(default_factory=dict)
+    secret_env: NameList = ()
+    port: Port | None = None
 
 
 @dataclass(frozen=True)
 class RecipeSpec:
-    recipe: str
+    recipe: Annotated[str, one_of("sft", "dpo", "cp")]
     model: ModelSpec
-    tokenizer: str | None
     data: DataSpec
-    trainer: dict[str, Any]
-    checkpoint: CheckpointSpec
-    launch: LaunchSpec
-    health: HealthSpec = HealthSpec()
-    source: str = "<recipe>"
+    tokenizer: str | None = None
+    trainer: dict[str, Any] = field(default_factory=dict)  # TRL's config fields, checked by check_trainer
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    launch: LaunchSpec = field(default_factory=LaunchSpec)
+    health: HealthSpec = field(default_factory=HealthSpec)
+    source: Internal = "<recipe>"
 
     @property
     def name(self) -> str:
@@ -84,17 +98,143 @@ class RecipeSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe, as written to RUN_DIR/recipe.yaml (plain data, no secrets)."""
-        from dataclasses import asdict
-        d = {k: v for k, v in asdict(self).items() if k != "source"}
-        d["data"]["path"] = list(self.data.path)
-        d["launch"]["secret_env"] = list(self.launch.secret_env)
+        return to_plain(self, exclude=("source",))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """`run:` - your own training code, started on every rank under `accelerate launch` with the rendered config:
+    exactly one of `script` (a file, resolved against the directory orchestrate runs from), `module` (`python -m`)
+    or `trl` (a TRL CLI training subcommand: sft, dpo, grpo, ...). `args`: its command-line arguments, a list of
+    words or a mapping option -> value (`--option value`; booleans as `true`/`false`, a list as several words)."""
+
+    script: str | None = None
+    module: Annotated[str | None, Check("module_name")] = None
+    trl: str | None = None
+    args: RunArgs = ()
+
+    @property
+    def kind(self) -> str:
+        """script | module | trl"""
+        return "script" if self.script is not None else "module" if self.module is not None else "trl"
+
+    @property
+    def target(self) -> str:
+        return self.script or self.module or self.trl or ""
+
+    def argv(self) -> tuple[str, ...]:
+        """The arguments as the words of a command line."""
+        if not isinstance(self.args, dict):
+            return tuple(self.args)
+        words: list[str] = []
+        for key, value in self.args.items():
+            words.append(key if key.startswith("-") else f"--{key}")
+            words.extend(arg_text(v) for v in (value if isinstance(value, (tuple, list)) else (value,)))
+        return tuple(words)
+
+    def options(self) -> dict[str, tuple[Any, str]]:
+        """{option name (dashes in the name as underscores): (value, key path)}: `--name value`, `--name=value` and a
+        bare `--flag` (value None) of a list, or the keys of a mapping. The last one given wins, as in argparse."""
+        out: dict[str, tuple[Any, str]] = {}
+        if isinstance(self.args, dict):
+            for key, value in self.args.items():
+                out[option_name(key)] = (value, f"run.args.{key}")
+            return out
+        for name, value, index in list_options(tuple(self.args)):
+            out[option_name(name)] = (value, f"run.args[{index}]")
+        return out
+
+    def option(self, name: str) -> Any:
+        """The value of one option (None: not given, or a bare flag)."""
+        return self.options().get(name, (None, ""))[0]
+
+    def with_option(self, name: str, value: str) -> "RunSpec":
+        """A copy with `--name value` set (replaced where given, else appended)."""
+        if isinstance(self.args, dict):
+            keys = [k for k in self.args if option_name(k) == name]
+            args = {k: v for k, v in self.args.items() if k not in keys[1:]}
+            args[keys[0] if keys else name] = value
+            return replace(self, args=args)
+        return replace(self, args=set_list_option(tuple(self.args), name, value))
+
+
+def _is_option_word(word: str) -> bool:
+    return word.startswith("-") and len(word) > 1 and not _NUMBER.fullmatch(word)
+
+
+def option_name(key: str) -> str:
+    return key.lstrip("-").replace("-", "_")
+
+
+def list_options(words: tuple[str, ...]) -> list[tuple[str, str | None, int]]:
+    """(name as written, value or None for a bare flag, index of the value word) of every `--option` in a list of
+    command-line words; positional words and further words of a multi-word value are skipped."""
+    out: list[tuple[str, str | None, int]] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not (word.startswith("--") and len(word) > 2):
+            i += 1
+            continue
+        name, eq, value = word[2:].partition("=")
+        if eq:
+            out.append((name, value, i))
+            i += 1
+        elif i + 1 < len(words) and not _is_option_word(words[i + 1]):
+            out.append((name, words[i + 1], i + 1))
+            i += 2
+        else:
+            out.append((name, None, i))
+            i += 1
+    return out
+
+
+def set_list_option(words: tuple[str, ...], name: str, value: Any) -> tuple[str, ...]:
+    """`--name value` set in a list of words: the value of the last `--name` replaced, else appended."""
+    text = arg_text(value)
+    found = [(n, v, i) for n, v, i in list_options(words) if option_name(n) == option_name(name)]
+    out = list(words)
+    if not found:
+        return (*out, f"--{name}", text)
+    n, v, i = found[-1]
+    if out[i].startswith(f"--{n}="):
+        out[i] = f"--{n}={text}"
+    elif v is None:
+        out.insert(i + 1, text)
+    else:
+        out[i] = text
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class RunJobSpec:
+    """A job of your own code (`run:`): no model/data/trainer blocks, your code gets what it needs from run.args."""
+
+    run: RunSpec
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    launch: LaunchSpec = field(default_factory=LaunchSpec)
+    health: HealthSpec = field(default_factory=HealthSpec)
+    source: Internal = "<recipe>"
+    output_dir: Internal = ""  # set by the caller's path resolution: `--output_dir` of the args, or the default
+
+    @property
+    def name(self) -> str:
+        return Path(self.source).stem if self.source.endswith((".yaml", ".yml")) else "recipe"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved job, as written to RUN_DIR/recipe.yaml (plain data, no secrets)."""
+        d = to_plain(self, exclude=("source", "output_dir"))
+        d["run"] = {k: v for k, v in d["run"].items() if v is not None}
         return d
+
+
+JobSpec = RecipeSpec | RunJobSpec
 
 
 @dataclass(frozen=True)
 class SSHSpec:
-    hosts: tuple[str, ...]
-    port: int = 22
+    hosts: Hosts = ()  # a list, or an expression like gpu[01-04]; or `hostfile`
+    port: Port = 22
     user: str | None = None
     key: str = "~/.ssh/id_ed25519"
     known_hosts: str = "~/.ssh/known_hosts"
@@ -114,7 +254,7 @@ class SlurmSpec:
     time: str = "01:00:00"
     gpus_per_node: int = 0
     max_gpus_per_node: int | None = None
-    cpus_per_task: int | None = None
+    cpus_per_task: PosInt | None = None
     mem: str | None = None
     constraint: str | None = None
     exclusive: bool = False
@@ -128,14 +268,201 @@ class SlurmSpec:
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    kind: str = "local"
-    name: str = "local"
-    accelerator: str = "auto"
+    kind: Annotated[str, one_of("local", "ssh", "slurm")] = "local"
+    name: Annotated[str, Check("opt_str")] = "local"  # unset: the cluster file's name
+    accelerator: Annotated[str, one_of("auto", "cpu", "gpu")] = "auto"
     network_interface: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    env: EnvMap = field(default_factory=dict)
     ssh: SSHSpec | None = None
     slurm: SlurmSpec | None = None
-    source: str = "<builtin local>"
+    source: Internal = "<builtin local>"
+
+
+RECIPES: tuple[str, ...] = rules(RecipeSpec)["recipe"].choices or ()
+
+# Ranges of the trainer settings the plan itself uses (batch arithmetic, token counts, sequence multiples).
+PLAN_TRAINER_CHECKS = {
+    "per_device_train_batch_size": "pos_int",
+    "gradient_accumulation_steps": "pos_int",
+    "max_length": "opt_pos_int",
+    "learning_rate": "pos_number",
+    "max_steps": "steps",
+    "pad_to_multiple_of": "opt_pos_int",
+}
+# TRL field kinds (orchestrator.trlfields) -> value checks (core.schema.CHECKS); other kinds accept anything.
+_TRL_CHECKS = {"int": "int", "float": "float", "bool": "bool", "str": "text", "list": "list", "dict": "mapping"}
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _trl_check(kind: str) -> str:
+    opt = kind.startswith("opt_")
+    base = kind[4:] if opt else kind
+    return ("opt_" if opt else "") + _TRL_CHECKS[base] if base in _TRL_CHECKS else "any"
+
+
+def check_trainer(trainer: dict[str, Any], recipe: str, kinds: Mapping[str, str] | None
+                  ) -> tuple[dict[str, Any], list[Problem]]:
+    """The `trainer:` block against TRL's field kinds (`kinds`, None: not known) and the plan's ranges.
+
+    A float field also takes an int, and a number written as a string (YAML 1.1 reads `1e-4` as one)
+    becomes a float; an `opt_` kind takes null. Returns (the block, every problem)."""
+    out: dict[str, Any] = {}
+    problems: list[Problem] = []
+    for key, value in trainer.items():
+        where = f"trainer.{key}"
+        if kinds is not None and key not in kinds:
+            problems.append(Problem(where, f"unknown {recipe} trainer option" + suggest(str(key), kinds)))
+            continue
+        if isinstance(key, str) and is_secret_name(key) and isinstance(value, str) and value:
+            problems.append(Problem(where, "looks like a secret: pass it by launch.secret_env"))
+            continue
+        trl = (kinds or {}).get(key, "any")
+        check = PLAN_TRAINER_CHECKS.get(key) or _trl_check(trl)
+        numeric = trl in ("float", "opt_float") or check == "pos_number"
+        if numeric and isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+            value = float(value)
+        msg = check_value(check, value)
+        if msg:
+            problems.append(Problem(where, msg))
+        out[key] = value
+    return out, problems
+
+
+# ----------------------------------------------------------------------------------------- own code (`run:`)
+
+# TRL's CLI subcommands when TRL is not installed where orchestrate runs (orchestrator.trlfields.trl_commands reads
+# the installed TRL's); the ones in TRL_NOT_TRAINING start no training.
+TRL_COMMANDS_FALLBACK = ("sft", "dpo", "grpo", "kto", "reward", "rloo", "ppo", "nash_md", "xpo", "online_dpo", "gkd",
+                         "orpo", "cpo", "bco", "prm", "env", "vllm-serve")
+TRL_NOT_TRAINING = ("env", "vllm-serve")
+# Options of `accelerate launch` that TRL's own CLI would pass on to it: here launch: decides them.
+ACCELERATE_LAUNCH_OPTIONS = frozenset({"accelerate_config", "config_file", "num_processes", "num_machines",
+                                       "machine_rank", "main_process_ip", "main_process_port", "multi_gpu",
+                                       "use_deepspeed", "use_fsdp", "mixed_precision"})
+# Where the plan reads batch arithmetic from in run.args (TrainingArguments / TRL config fields).
+BATCH_OPTIONS = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "max_seq_length")
+_INT = re.compile(r"[-+]?\d+")
+_BOOL_WORDS = {"true": True, "false": False, "yes": True, "no": False, "y": True, "n": False, "t": True, "f": False,
+               "1": True, "0": False}
+
+TrlCommands = Callable[[], Mapping[str, Mapping[str, Any]] | None]  # -> {subcommand: {module, config, training,
+#                                                                      options}} of the installed TRL, None: unknown
+
+
+def trl_command_table(trl_commands: TrlCommands | None) -> dict[str, Mapping[str, Any]]:
+    """The TRL subcommands: the installed TRL's when known, else TRL_COMMANDS_FALLBACK (names only)."""
+    table = trl_commands() if trl_commands is not None else None
+    if table:
+        return dict(table)
+    return {name: {"module": f"trl.scripts.{name.replace('-', '_')}", "config": None,
+                   "training": name not in TRL_NOT_TRAINING, "options": None} for name in TRL_COMMANDS_FALLBACK}
+
+
+def fields_key(run: RunSpec) -> str:
+    """What `trainer_fields` is asked for the TrainingArguments-like options of a run: `trl:<subcommand>` (that
+    subcommand's TRL config class) or `script` / `module` (transformers' TrainingArguments)."""
+    return f"trl:{run.trl}" if run.kind == "trl" else run.kind
+
+
+def coerce_arg(value: Any, kind: str) -> tuple[Any, str | None]:
+    """One run.args value (a word of the command line, or a YAML scalar) read as a field of `kind` (a trlfields kind)
+    would read it: (the value, or an error message)."""
+    base = kind[4:] if kind.startswith("opt_") else kind
+    if value is None:  # a bare `--flag`
+        return (True, None) if base in ("bool", "any") else (None, "needs a value")
+    if base == "bool":
+        if isinstance(value, bool):
+            return value, None
+        word = str(value).strip().lower()
+        return (_BOOL_WORDS[word], None) if word in _BOOL_WORDS else (value, f"must be true or false, got {value!r}")
+    if base == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value, None
+        if isinstance(value, str) and _INT.fullmatch(value.strip()):
+            return int(value), None
+        return value, f"must be an integer, got {value!r}"
+    if base == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value, None
+        if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+            return float(value), None
+        return value, f"must be a number, got {value!r}"
+    if base == "str" and isinstance(value, (tuple, list)):
+        return value, f"must be one word, got {len(value)}"
+    return value, None
+
+
+def guess_arg(value: Any) -> Any:
+    """A run.args value as the plan reads it where no field kind is known: integers, numbers and true/false words."""
+    if isinstance(value, str):
+        word = value.strip()
+        if _INT.fullmatch(word):
+            return int(word)
+        if _NUMBER.fullmatch(word):
+            return float(word)
+        if word.lower() in ("true", "false"):
+            return word.lower() == "true"
+    return value
+
+
+def run_settings(run: RunSpec, kinds: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """{option: value} of run.args as the training code reads them (by `kinds` where known, else guessed)."""
+    out: dict[str, Any] = {}
+    for name, (value, _) in run.options().items():
+        kind = (kinds or {}).get(name)
+        out[name] = coerce_arg(value, kind)[0] if kind else (True if value is None else guess_arg(value))
+    return out
+
+
+def check_run(run: RunSpec, kinds: Mapping[str, str] | None, trl_commands: TrlCommands | None) -> list[Problem]:
+    """The `run:` block beyond single fields: one entry point, a known module name / TRL training subcommand, no
+    accelerate launch options, and the options that are TrainingArguments / TRL config fields (`kinds`) checked
+    like `trainer:` values. Other options pass (your code has its own), except for a TRL subcommand, whose parser
+    is known: TRL's scripts ignore an option they do not know, so a typo is refused here."""
+    problems: list[Problem] = []
+    given = [k for k in ("script", "module", "trl") if getattr(run, k) is not None]
+    if len(given) != 1:
+        return [Problem("run", "give exactly one of script, module, trl" +
+                        (f" (got {', '.join(given)})" if given else ""))]
+    accepted: set[str] | None = None
+    label = run.kind
+    if run.trl is not None:
+        label = f"trl {run.trl}"
+        table = trl_command_table(trl_commands)
+        entry = table.get(run.trl)
+        training = sorted(n for n, e in table.items() if e.get("training"))
+        if entry is None:
+            problems.append(Problem("run.trl", f"unknown TRL subcommand {run.trl!r}" + suggest(run.trl, training)
+                                    + f"; one of {', '.join(training)}"))
+            return problems
+        if not entry.get("training"):
+            problems.append(Problem("run.trl", f"{run.trl!r} is not a training subcommand of TRL; one of "
+                                               f"{', '.join(training)}"))
+            return problems
+        if entry.get("options"):
+            accepted = {option_name(o) for o in entry["options"]} | {"config"}
+    for name, (value, where) in run.options().items():
+        if run.kind == "trl" and name in ACCELERATE_LAUNCH_OPTIONS:
+            problems.append(Problem(where, f"--{name} is an `accelerate launch` option: orchestrate sets the launch "
+                                           "from launch: (profile, nodes, procs_per_node, mixed_precision)"))
+            continue
+        if accepted is not None and name not in accepted and not (name.startswith("no_") and name[3:] in accepted):
+            problems.append(Problem(where, f"not an option of {label}" + suggest(name, sorted(accepted))))
+            continue
+        if is_secret_name(name) and isinstance(value, str) and value:
+            problems.append(Problem(where, "looks like a secret: pass it by launch.secret_env"))
+            continue
+        kind = (kinds or {}).get(name)
+        if kind is None and name not in PLAN_TRAINER_CHECKS:
+            continue
+        coerced, msg = coerce_arg(value, kind or "any")
+        if msg is None and name in PLAN_TRAINER_CHECKS:
+            if isinstance(coerced, str):
+                coerced = guess_arg(coerced)
+            msg = check_value(PLAN_TRAINER_CHECKS[name], coerced)
+        if msg:
+            problems.append(Problem(where, msg))
+    return problems
 
 
 # ----------------------------------------------------------------------------------------- loading
@@ -178,7 +505,7 @@ def parse_dotlist(items: list[str]) -> tuple[dict[str, Any], dict[str, Any], lis
     for group in (recipe_items, cluster_items):
         try:
             out.append(OmegaConf.to_container(OmegaConf.from_dotlist(group), resolve=True) if group else {})
-        except Exception as e:  # omegaconf raises several types for bad grammar
+        except Exception as e:  # noqa: BLE001 - omegaconf raises several types for bad grammar
             problems.append(Problem("overrides", f"cannot parse: {str(e).splitlines()[0]}"))
             out.append({})
     return out[0], out[1], problems
@@ -197,126 +524,166 @@ def _resolve(data: dict[str, Any], source: str) -> dict[str, Any]:
     """Resolve ${...} interpolations of one file; bad ones become a ConfigError."""
     try:
         return _merge(data)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - omegaconf raises several types for a bad interpolation
         raise ConfigError(Problem(source, f"interpolation failed: {str(e).splitlines()[0]}")) from None
 
 
 # ----------------------------------------------------------------------------------------- pure parse
 
-def parse_recipe(data: dict[str, Any], source: str = "<recipe>",
-                 trainer_fields: Callable[[str], frozenset[str] | None] | None = None) -> RecipeSpec:
-    """Validate a recipe dict; `trainer_fields(recipe)` (TRL config field names) checks the trainer block."""
-    values, problems = validate(data, RECIPE_SCHEMA)
-    launch = values.get("launch", {})
-    env, env_problems = check_env_map(launch.get("env") or {}, "launch.env")
-    problems.extend(env_problems)
-    trainer = values.get("trainer") or {}
-    fields = trainer_fields(values["recipe"]) if trainer_fields and values.get("recipe") in ("sft", "dpo", "cp") \
-        else None
-    if fields is not None:
-        for key in trainer:
-            if key not in fields:
-                problems.append(Problem(f"trainer.{key}", f"unknown {values.get('recipe', '')} trainer option"
-                                        + suggest(str(key), fields)))
-    for key, value in trainer.items():
-        if isinstance(key, str) and is_secret_name(key) and isinstance(value, str) and value:
-            problems.append(Problem(f"trainer.{key}", "looks like a secret: pass it by launch.secret_env"))
+TrainerFields = Callable[[str], Mapping[str, str] | None]  # recipe -> TRL {field: kind}
+
+
+_NOT_WITH_RUN = ("model", "data", "trainer", "tokenizer")
+
+
+def parse_run_job(data: dict[str, Any], source: str = "<recipe>", trainer_fields: TrainerFields | None = None,
+                  trl_commands: TrlCommands | None = None) -> RunJobSpec:
+    """Validate a job of your own code (`run:`). `trainer_fields(fields_key(run))` -> the {field: kind} its
+    TrainingArguments-like options are checked against; `trl_commands()` -> the installed TRL's subcommands."""
+    problems: list[Problem] = []
+    if "recipe" in data:
+        problems.append(Problem("recipe", "give either recipe: (a built-in recipe) or run: (your own code), not both"))
+    for key in _NOT_WITH_RUN:
+        if key in data:
+            problems.append(Problem(key, "not used with run: (your code gets what it needs from run.args)"))
+    rest = {k: v for k, v in data.items() if k not in ("recipe", *_NOT_WITH_RUN)}
+    spec, schema_problems = build(RunJobSpec, rest)
+    problems.extend(schema_problems)
+    run, run_problems = build(RunSpec, rest.get("run"), "run")  # the rest of run: is checked once its fields are
+    if not run_problems:
+        fields = trainer_fields(fields_key(run)) if trainer_fields is not None else None
+        kinds = dict.fromkeys(fields, "any") if fields is not None and not isinstance(fields, Mapping) else fields
+        problems.extend(check_run(run, kinds, trl_commands))
     if problems:
         raise ConfigError(problems, source=source)
-    m, d, c, p = values["model"], values["data"], values["checkpoint"], launch["parallelism"]
-    return RecipeSpec(
-        recipe=values["recipe"],
-        model=ModelSpec(**m),
-        tokenizer=values["tokenizer"],
-        data=DataSpec(path=tuple([d["path"]] if isinstance(d["path"], str) else d["path"]), config=d["config"],
-                      split=d["split"], eval_split=d["eval_split"], max_samples=d["max_samples"]),
-        trainer=dict(trainer),
-        checkpoint=CheckpointSpec(**c),
-        health=HealthSpec(**values["health"]),
-        launch=LaunchSpec(profile=launch["profile"], nodes=launch["nodes"], procs_per_node=launch["procs_per_node"],
-                          mixed_precision=launch["mixed_precision"], parallelism=ParallelismSpec(**p), env=env,
-                          secret_env=tuple(launch["secret_env"]), port=launch["port"]),
-        source=source,
-    )
+    assert spec is not None
+    return replace(spec, source=source)
+
+
+def parse_job(data: dict[str, Any], source: str = "<recipe>", trainer_fields: TrainerFields | None = None,
+              trl_commands: TrlCommands | None = None) -> JobSpec:
+    """A job file: a built-in recipe (`recipe:`) or your own code (`run:`)."""
+    if isinstance(data, dict) and "run" in data:
+        return parse_run_job(data, source, trainer_fields, trl_commands)
+    return parse_recipe(data, source, trainer_fields)
+
+
+def parse_recipe(data: dict[str, Any], source: str = "<recipe>",
+                 trainer_fields: TrainerFields | None = None) -> RecipeSpec:
+    """Validate a recipe dict. `trainer_fields(recipe)` -> TRL's {field: kind} for that recipe
+    (orchestrator.trlfields.trainer_fields; a set of names checks names only; None: unknown)."""
+    spec, problems = build(RecipeSpec, data)
+    raw = data if isinstance(data, dict) else {}
+    kind = raw.get("recipe") if isinstance(raw.get("recipe"), str) and raw.get("recipe") in RECIPES else None
+    trainer = raw.get("trainer")
+    if isinstance(trainer, dict):
+        fields = trainer_fields(kind) if trainer_fields is not None and kind else None
+        if fields is not None and not isinstance(fields, Mapping):
+            fields = dict.fromkeys(fields, "any")
+        trainer, trainer_problems = check_trainer(trainer, kind or "", fields)
+        problems.extend(trainer_problems)
+    if problems:
+        raise ConfigError(problems, source=source)
+    return replace(spec, trainer=trainer or {}, source=source)
 
 
 def parse_cluster(data: dict[str, Any], source: str = "<cluster>") -> ClusterSpec:
-    values, problems = validate(data, CLUSTER_SCHEMA)
-    kind = values.get("kind", "local")
-    env, env_problems = check_env_map(values.get("env") or {}, "env")
-    problems.extend(env_problems)
+    spec, problems = build(ClusterSpec, data)
+    raw = data if isinstance(data, dict) else {}
+    kind = raw.get("kind", "local")
     for other in ("ssh", "slurm"):
-        if other in data and other != kind:
+        if other in raw and other != kind:
             problems.append(Problem(other, f"block given but kind is {kind!r}"))
-    ssh = slurm = None
-    if kind == "ssh" and not problems:
-        s = values["ssh"]
-        hosts: list[str] = []
-        if s["hosts"] is None and s["hostfile"] is None:
-            problems.append(Problem("ssh.hosts", "missing: give ssh.hosts (list or 'gpu[01-04]') or ssh.hostfile"))
-        elif s["hosts"] is not None:
-            try:
-                raw = [s["hosts"]] if isinstance(s["hosts"], str) else list(s["hosts"])
-                hosts = [h for expr in raw for h in expand(expr)]
-            except HostlistError as e:
-                problems.append(Problem("ssh.hosts", str(e)))
-        dups = sorted({h for h in hosts if hosts.count(h) > 1})
-        if dups:
-            problems.append(Problem("ssh.hosts", f"duplicate hosts: {', '.join(dups)}"))
-        ssh = SSHSpec(hosts=tuple(hosts), **{k: v for k, v in s.items() if k != "hosts"})
-    if kind == "slurm":
-        s = values["slurm"]
-        slurm = SlurmSpec(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in s.items()})
+    ssh_raw = raw["ssh"] if isinstance(raw.get("ssh"), dict) else {}
+    if kind == "ssh" and ssh_raw.get("hosts") is None and ssh_raw.get("hostfile") is None:
+        problems.append(Problem("ssh.hosts", "missing: give ssh.hosts (list or 'gpu[01-04]') or ssh.hostfile"))
+    if spec is not None and spec.ssh is not None:
+        problems.extend(duplicate_hosts(spec.ssh.hosts, "ssh.hosts"))
     if problems:
         raise ConfigError(problems, source=source)
-    name = values["name"] or (Path(source).stem if source.endswith((".yaml", ".yml")) else kind)
-    return ClusterSpec(kind=kind, name=name, accelerator=values["accelerator"],
-                       network_interface=values["network_interface"], env=env, ssh=ssh, slurm=slurm, source=source)
+    name = raw.get("name") or (Path(source).stem if source.endswith((".yaml", ".yml")) else kind)
+    return replace(spec, name=name, source=source, ssh=spec.ssh if kind == "ssh" else None,
+                   slurm=(spec.slurm or SlurmSpec()) if kind == "slurm" else None)
 
 
 def with_hosts(cluster: ClusterSpec, hosts: list[str]) -> ClusterSpec:
     """A copy of an ssh cluster with its host list set (hostfile read by the caller)."""
-    from dataclasses import replace
     assert cluster.ssh is not None
     return replace(cluster, ssh=replace(cluster.ssh, hosts=tuple(hosts)))
 
 
 def parse_hostfile(text: str, source: str) -> list[str]:
-    """One host per line; '#' comments; 'host slots=N' style extras ignored (pdsh/DeepSpeed hostfiles)."""
-    hosts = []
-    for line in text.splitlines():
+    """One host (or host expression) per line; '#' comments; 'host slots=N' style extras ignored (pdsh/DeepSpeed
+    hostfiles). Every host is checked like ssh.hosts; a bad one is named by file:line."""
+    hosts: list[str] = []
+    problems: list[Problem] = []
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if line:
-            hosts.append(line.split()[0])
-    if not hosts:
-        raise ConfigError(Problem(source, "hostfile lists no hosts"))
+            got, bad = expand_host_entry(line.split()[0], f"{source}:{n}")
+            hosts.extend(got)
+            problems.extend(bad)
+    if not hosts and not problems:
+        problems.append(Problem(source, "hostfile lists no hosts"))
+    problems.extend(duplicate_hosts(hosts, source))
+    if problems:
+        raise ConfigError(problems)
     return hosts
 
 
 # ----------------------------------------------------------------------------------------- entry points
 
+def _list_args_overrides(recipe_file: dict[str, Any], rec_over: dict[str, Any]) -> None:
+    """`run.args.NAME=value` on a list of args: set `--NAME value` in the list (in place; the merge cannot mix a
+    list with a mapping). `run.args.3=x` replaces the 4th word."""
+    run = recipe_file.get("run")
+    over = (rec_over.get("run") or {}) if isinstance(rec_over.get("run"), dict) else {}
+    if not (isinstance(run, dict) and isinstance(run.get("args"), list) and isinstance(over.get("args"), dict)):
+        return
+    if not all(isinstance(w, (str, int, float, bool)) for w in run["args"]):
+        return  # the bad word is reported by the schema
+    words = [arg_text(w) for w in run["args"]]
+    for key, value in over.pop("args").items():
+        if isinstance(value, (dict, list)) or value is None:
+            raise ConfigError(Problem(f"run.args.{key}", "an override of a list of args must be a string, number or "
+                                                         "boolean"), source="command line")
+        if str(key).isdigit():
+            if int(key) >= len(words):
+                raise ConfigError(Problem(f"run.args.{key}", f"run.args has {len(words)} words"), source="command line")
+            words[int(key)] = arg_text(value)
+        else:
+            words = list(set_list_option(tuple(words), str(key), value))
+    run["args"] = words
+
+
 def load(recipe_path: str, cluster_path: str | None = None, flags: dict[str, Any] | None = None,
-         overrides: list[str] | None = None,
-         trainer_fields: Callable[[str], frozenset[str] | None] | None = None
-         ) -> tuple[RecipeSpec, ClusterSpec]:
-    """Read + merge + validate recipe and cluster. All problems of one input in one ConfigError."""
+         overrides: list[str] | None = None, trainer_fields: TrainerFields | None = None,
+         trl_commands: TrlCommands | None = None) -> tuple[JobSpec, ClusterSpec]:
+    """Read + merge + validate the job (a built-in recipe or `run:` own code) and cluster. All problems of one input
+    in one ConfigError."""
     rec_over, clu_over, dot_problems = parse_dotlist(list(overrides or []))
     if dot_problems:
         raise ConfigError(dot_problems, source="command line")
     recipe_file = _resolve(read_yaml(recipe_path, "recipe"), recipe_path)
+    _list_args_overrides(recipe_file, rec_over)
     flag_layer: dict[str, Any] = {}
     for key, value in (flags or {}).items():
         if value is not None:
             flag_layer.setdefault("launch", {})[key] = value
-    recipe_dict = _merge(recipe_file, flag_layer, rec_over)
+    try:
+        recipe_dict = _merge(recipe_file, flag_layer, rec_over)
+    except Exception as e:  # noqa: BLE001 - omegaconf raises several types when an override does not fit the file
+        raise ConfigError(Problem("overrides", f"do not fit {recipe_path}: {str(e).splitlines()[0]}"),
+                          source="command line") from None
     cluster_dict: dict[str, Any] = {}
     if cluster_path:
         cluster_dict = _resolve(read_yaml(cluster_path, "cluster"), cluster_path)
     cluster_dict = _merge(cluster_dict, clu_over) if clu_over else cluster_dict
     errors: list[ConfigError] = []
-    recipe = cluster = None
+    recipe: JobSpec | None = None
+    cluster: ClusterSpec | None = None
     try:
-        recipe = parse_recipe(recipe_dict, source=recipe_path, trainer_fields=trainer_fields)
+        recipe = parse_job(recipe_dict, source=recipe_path, trainer_fields=trainer_fields, trl_commands=trl_commands)
     except ConfigError as e:
         errors.append(e)
     try:
@@ -337,15 +704,9 @@ def load(recipe_path: str, cluster_path: str | None = None, flags: dict[str, Any
 
 
 def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
-    from dataclasses import asdict
-    return asdict(cluster)
+    return to_plain(cluster)
 
 
 def cluster_from_dict(d: dict[str, Any]) -> ClusterSpec:
     """Inverse of cluster_to_dict (the run dir's cluster.json: cancel/status from another process)."""
-    d = dict(d)
-    if d.get("ssh"):
-        d["ssh"] = SSHSpec(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d["ssh"].items()})
-    if d.get("slurm"):
-        d["slurm"] = SlurmSpec(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d["slurm"].items()})
-    return ClusterSpec(**d)
+    return from_plain(ClusterSpec, d)

@@ -1,19 +1,20 @@
-"""Backends that put a LaunchPlan onto machines: local, ssh (paramiko), slurm (submitit).
-
-`get_launcher(kind)` imports only the backend asked for, so paramiko/submitit stay lazy.
-"""
+"""Backends that put a LaunchPlan onto machines: the one registry table. `launcher_for(cluster)` imports only the
+backend asked for, so paramiko / submitit stay unimported until a job needs them."""
 
 from __future__ import annotations
 
+import importlib
 
-def get_launcher(kind: str, cluster):
-    if kind == "local":
-        from orchestrator.launchers.local import LocalLauncher
-        return LocalLauncher(cluster)
-    if kind == "ssh":
-        from orchestrator.launchers.ssh.launcher import SSHLauncher
-        return SSHLauncher(cluster)
-    if kind == "slurm":
-        from orchestrator.launchers.slurm.launcher import SlurmLauncher
-        return SlurmLauncher(cluster)
-    raise ValueError(f"unknown cluster kind {kind!r}")
+BACKENDS: dict[str, tuple[str, str]] = {
+    "local": ("orchestrator.launchers.local", "LocalLauncher"),
+    "ssh": ("orchestrator.launchers.ssh.launcher", "SSHLauncher"),
+    "slurm": ("orchestrator.launchers.slurm.launcher", "SlurmLauncher"),
+}
+
+
+def launcher_for(cluster):
+    try:
+        module, name = BACKENDS[cluster.kind]
+    except KeyError:
+        raise ValueError(f"unknown cluster kind {cluster.kind!r}; one of {', '.join(BACKENDS)}") from None
+    return getattr(importlib.import_module(module), name)(cluster)

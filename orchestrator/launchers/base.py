@@ -1,16 +1,24 @@
-"""The Launcher protocol (prepare / submit / wait / status / cancel / logs) and its small types.
+"""The Launcher protocol: the one every backend implements and the only one the api uses.
 
-`prepare` is pure: it turns a LaunchPlan into a printable `Submission` (the exact argv per node).
-Everything with side effects happens in `submit` and after. A backend never builds shell strings
-from user data except at its single remote boundary (shlex.quote there).
+- `prepare(plan) -> Submission`: pure. Exactly what runs (each node agent's argv, files, backend extras);
+  `render` / `submit --dry-run` print it.
+- `submit(submission, run_dir) -> Running`: starts it; the returned object reports events to the one
+  `orchestrator.supervise.Supervisor` and acts when told (stop, hang diagnosis). Backends observe and report;
+  they decide nothing.
+- `status(handle, run_dir) -> JobStatus`, `cancel(handle, run_dir)`, `logs(handle, run_dir, node)`: from any
+  process, rebuilt from the store's record (the run dir's cluster.json and handle.json).
+
+A backend never builds shell strings from user data except at its single remote boundary (shlex.quote there).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Protocol
+from typing import Iterator, Protocol
 
 from orchestrator.core.jobplan import LaunchPlan
-from orchestrator.types import JobHandle, JobResult, Submission
+from orchestrator.node.rundir import RunDir
+from orchestrator.supervise import Running
+from orchestrator.types import JobHandle, JobState, JobStatus, NodeStatus, Submission
 
 
 class Launcher(Protocol):
@@ -18,12 +26,42 @@ class Launcher(Protocol):
 
     def prepare(self, plan: LaunchPlan) -> Submission: ...
 
-    def submit(self, submission: Submission) -> JobHandle: ...
+    def submit(self, submission: Submission, run_dir: RunDir) -> Running: ...
 
-    def wait(self, handle: JobHandle, on_line: Callable[[int, str], None] | None = None) -> JobResult: ...
+    def status(self, handle: JobHandle, run_dir: RunDir) -> JobStatus: ...
 
-    def status(self, handle: JobHandle) -> str: ...
+    def cancel(self, handle: JobHandle, run_dir: RunDir) -> None: ...
 
-    def cancel(self, handle: JobHandle) -> None: ...
+    def logs(self, handle: JobHandle, run_dir: RunDir, node: int | None = None) -> Iterator[str]: ...
 
-    def logs(self, handle: JobHandle, node_rank: int | None = None) -> Iterator[str]: ...
+
+def run_dir_logs(run_dir: RunDir, node: int | None = None, hosts: dict[int, str] | None = None) -> Iterator[str]:
+    """Every backend keeps each node's output in RUN_DIR/logs/node<R>.log on the submit host: `[host nodeR] line`."""
+    ranks = [node] if node is not None else run_dir.log_ranks()
+    for r in ranks:
+        host = (hosts or {}).get(r) or (run_dir.agent(r).host if run_dir.agent(r) else "") or "?"
+        for line in run_dir.iter_log(r):
+            yield f"[{host} node{r}] {line}"
+
+
+def status_from_nodes(rows: list[dict], unreachable: dict[int, str] | None = None) -> JobStatus:
+    """A job's status from its agents' own words (orchestrator.node.ops.node_status rows, read locally or over SSH):
+    a node is exited (its ExitRecord), running (its agent lives), lost (agent gone without a record) or unknown
+    (its host did not answer). RUNNING while any node runs or cannot be asked; else judged from the exit records."""
+    nodes = [NodeStatus(r, "", "unknown", None, why) for r, why in sorted((unreachable or {}).items())]
+    for row in rows:
+        ex, r, host = row.get("exit"), int(row["node_rank"]), row.get("host") or ""
+        if ex:
+            nodes.append(NodeStatus(r, host, "exited", ex.get("returncode"),
+                                    ex.get("rank_death") or ex.get("hang") or ex.get("stop_reason") or ""))
+        elif row.get("agent_alive"):
+            nodes.append(NodeStatus(r, host, "running"))
+        else:
+            why = "agent gone without an exit record" if row.get("recorded") else "no agent recorded"
+            nodes.append(NodeStatus(r, host, "lost" if row.get("recorded") else "unknown", None, why))
+    nodes.sort(key=lambda n: n.node_rank)
+    if not nodes or any(n.state in ("running", "unknown") for n in nodes):
+        return JobStatus(JobState.RUNNING, tuple(nodes), "" if nodes else "no node recorded yet")
+    if all(n.state == "exited" and n.returncode == 0 for n in nodes):
+        return JobStatus(JobState.COMPLETED, tuple(nodes))
+    return JobStatus(JobState.FAILED, tuple(nodes), "no node of the job is running")

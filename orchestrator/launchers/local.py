@@ -1,144 +1,126 @@
 """The local backend: N emulated nodes on this machine (loopback rendezvous), one node agent each.
 
-Owns starting the agents (each in its own session, watching this process), streaming their output
-into RUN_DIR/logs/node<R>.log and to the caller, and fail-fast supervision: the first node that exits
-non-zero is the root cause and every other node is torn down (TERM to the agent, which stops its
-process group; KILL of the recorded groups after a grace). Cancel works from another process too,
-through the pids the agents record in RUN_DIR/nodes/<R>/agent.json.
+Owns starting the agents (each in its own session, watching this process), streaming their output into
+RUN_DIR/logs/node<R>.log and as events, and acting when the supervisor says so (stop: TERM the agents, which stop
+their launches; KILL of the recorded groups and marked processes after the grace; hang diagnosis: which rank is
+stopped, stacks kept). It decides nothing: orchestrator.supervise does. Cancel and status work from another
+process too, through the AgentRecords in the run dir.
 """
 
 from __future__ import annotations
 
-import json
+import errno
 import os
+import queue
 import signal
 import subprocess
 import threading
 import time
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
-from orchestrator.types import JobHandle, JobResult, NodeCommand, NodeExit, Submission
-from orchestrator.supervise import describe_hang, pick_failed, root_cause_text, split_lines
-from orchestrator.core.health import HealthMonitor
-from orchestrator.node.heartbeat import HeartbeatTail
 from orchestrator.core.jobplan import LaunchPlan
-from orchestrator.node.proctools import alive, marked, signal_group, signal_pids
+from orchestrator.launchers.base import run_dir_logs, status_from_nodes
+from orchestrator.node.agent import agent_argv
+from orchestrator.node.heartbeat import parse_forwarded
+from orchestrator.node.proctools import marked, signal_group, signal_pids
+from orchestrator.node.rundir import RunDir
+from orchestrator.supervise import Beat, Line, NodeEnded, split_lines
+from orchestrator.types import JobHandle, JobStatus, NodeCommand, Submission
+
+GRACE_S = 5.0
 
 
 class LocalLauncher:
     kind = "local"
 
-    def __init__(self, cluster=None, grace: float = 5.0):
+    def __init__(self, cluster=None, grace: float = GRACE_S):
         self.cluster = cluster
         self.grace = grace
-        self._procs: dict[int, subprocess.Popen] = {}
-        self._readers: list[threading.Thread] = []
-        self._run_dir: Path | None = None
-        self._first_failure: tuple[float, int] | None = None
-        self._lock = threading.Lock()
 
-    # -------------------------------------------------------------- pure
     def prepare(self, plan: LaunchPlan) -> Submission:
         nodes = tuple(NodeCommand(node_rank=n.node_rank, host="localhost",
-                                  argv=(plan.python, "-m", "orchestrator.node.agent", plan.run_dir,
-                                        "--node-rank", str(n.node_rank)),
+                                  argv=agent_argv(plan.python, plan.run_dir, node_rank=n.node_rank, watch_parent=True,
+                                                  forward_heartbeats=True, grace=self.grace),
                                   env={}, secret_env=plan.secret_env) for n in plan.node_plans)
         return Submission(kind=self.kind, run_dir=plan.run_dir, nodes=nodes)
 
-    # -------------------------------------------------------------- side effects
-    def submit(self, submission: Submission, on_line: Callable[[int, str], None] | None = None) -> JobHandle:
-        run_dir = Path(submission.run_dir)
-        self._run_dir = run_dir
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True, mode=0o700)
-        env = dict(os.environ)
-        for node in submission.nodes:
-            argv = [*node.argv, "--parent-pid", str(os.getpid()), "--grace", str(self.grace), "--forward-heartbeats"]
-            log = open(run_dir / "logs" / f"node{node.node_rank}.log", "ab", buffering=0)
-            os.chmod(log.name, 0o600)
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-            self._procs[node.node_rank] = proc
-            t = threading.Thread(target=self._pump, args=(node.node_rank, proc, log, on_line), daemon=True)
-            t.start()
-            self._readers.append(t)
-        return JobHandle(uri=f"local://{run_dir.name}", data={"run_dir": str(run_dir),
-                                                              "agents": {r: p.pid for r, p in self._procs.items()}})
+    def submit(self, submission: Submission, run_dir: RunDir) -> "LocalJob":
+        return LocalJob(submission, run_dir, self.grace)
 
-    def _pump(self, rank: int, proc: subprocess.Popen, log, on_line) -> None:
+    def status(self, handle: JobHandle, run_dir: RunDir) -> JobStatus:
+        from orchestrator.node.ops import node_status
+        return status_from_nodes(node_status(run_dir, None))
+
+    def cancel(self, handle: JobHandle, run_dir: RunDir) -> None:
+        from orchestrator.node.ops import kill_node
+        kill_node(run_dir, None, self.grace)
+
+    def logs(self, handle: JobHandle, run_dir: RunDir, node: int | None = None) -> Iterator[str]:
+        return run_dir_logs(run_dir, node)
+
+
+class LocalJob:
+    """A running local job: `events`, `stop`, `stopped_ranks` for the supervisor."""
+
+    decides_hangs_on_nodes = False
+
+    def __init__(self, submission: Submission, run_dir: RunDir, grace: float):
+        self.rd, self.grace = run_dir, grace  # the agents' own TERM -> KILL grace (Running.grace)
+        self.q: queue.Queue = queue.Queue()
+        self.nodes = {n.node_rank: n.host for n in submission.nodes}
+        self.procs: dict[int, subprocess.Popen] = {}
+        self._threads: list[threading.Thread] = []
+        run_dir.mkdir(RunDir.LOGS)
+        for node in submission.nodes:
+            proc = subprocess.Popen(list(node.argv), env=dict(os.environ), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            self.procs[node.node_rank] = proc
+            t = threading.Thread(target=self._pump, args=(node.node_rank, proc), daemon=True,
+                                 name=f"local-node{node.node_rank}")
+            t.start()
+            self._threads.append(t)
+        agents = {r: p.pid for r, p in self.procs.items()}
+        self.handle = JobHandle(uri=f"local://{run_dir.root.name}", data={"run_dir": str(run_dir.root),
+                                                                          "agents": agents})
+
+    def _pump(self, rank: int, proc: subprocess.Popen) -> None:
+        """Node output -> the log file and events. A log file that cannot be written (disk full) does not stop the
+        stream: the lines still reach the supervisor (and the terminal), and the problem is said once."""
         assert proc.stdout is not None
+        log = _LogFile(self.rd.log(rank), lambda msg: self.q.put(Line(rank, msg)))
         pending = b""
         for chunk in iter(lambda: proc.stdout.read1(65536), b""):
-            log.write(chunk)
             pending += chunk
             lines, pending = split_lines(pending)
-            if on_line:
-                for line in lines:
-                    on_line(rank, line)
-        if pending and on_line:
-            on_line(rank, pending.decode(errors="replace"))
+            for line in lines:
+                hb = parse_forwarded(line)
+                if hb is not None:
+                    self.q.put(Beat(hb))
+                    continue
+                log.write(line)
+                self.q.put(Line(rank, line))
+        if pending.strip():
+            log.write(pending.decode(errors="replace"))
+            self.q.put(Line(rank, pending.decode(errors="replace")))
         log.close()
+        rc = proc.wait()
+        rec = self.rd.exit(rank)
+        self.q.put(NodeEnded(rank, self.nodes[rank], rec.returncode if rec else rc, self.rd.log_tail(rank), rec,
+                             "" if rec or rc == 0 else _no_record(rc)))
 
-    def wait(self, handle: JobHandle, on_line=None, poll: float = 0.05) -> JobResult:
-        run_dir = Path(handle.data["run_dir"])
-        plan = LaunchPlan.from_json((run_dir / "plan.json").read_text())
-        monitor = HealthMonitor(plan.health, plan.world_size, started=time.time())
-        tail = HeartbeatTail(run_dir / "heartbeats")
-        hb_every = float(plan.health.poll_interval)
-        next_hb = 0.0
-        failed_rank: int | None = None
-        torn_down_at = float("inf")
-        hang: str | None = None
-        cancelled = False
+    def events(self, timeout: float) -> list:
+        out = []
         try:
+            out.append(self.q.get(timeout=timeout))
             while True:
-                codes = {r: p.poll() for r, p in self._procs.items()}
-                bad = [r for r, c in codes.items() if c not in (None, 0)]
-                if bad and failed_rank is None and hang is None:
-                    failed_rank = bad[0]
-                    torn_down_at = time.time()
-                    self._teardown(run_dir, exclude=set(bad))
-                if all(c is not None for c in codes.values()):
-                    break
-                now = time.time()
-                if now >= next_hb:
-                    next_hb = now + hb_every
-                    for rec in tail.read():
-                        monitor.feed(rec, now)
-                    stalls = monitor.stalls(now) if failed_rank is None and hang is None else []
-                    if stalls:
-                        hang = describe_hang(run_dir, plan, stalls, monitor)
-                        self._teardown(run_dir)
-                time.sleep(poll)
-        except KeyboardInterrupt:
-            cancelled = True
-            self._teardown(run_dir)
-            for p in self._procs.values():
-                p.wait()
-        for t in self._readers:
-            t.join(timeout=5)
-        for rec in tail.read():
-            monitor.feed(rec, time.time())
-        max_step = max((st.step for st in monitor.snapshot()), default=None)
-        nodes = tuple(NodeExit(node_rank=r, host="localhost", returncode=p.returncode,
-                               log_tail=_tail(run_dir / "logs" / f"node{r}.log"))
-                      for r, p in sorted(self._procs.items()))
-        if cancelled:
-            return JobResult("CANCELLED", 130, "cancelled by the user (Ctrl-C)", nodes, max_step)
-        if hang is not None:
-            return JobResult("FAILED", 1, hang, nodes, max_step, hung=True)
-        if failed_rank is None:
-            return JobResult("COMPLETED", 0, "", nodes, max_step)
-        # The root cause: among nodes that failed on their own (before our teardown), the first, unless its
-        # log only shows a dead peer (gloo's "Connection reset by peer") and another node's does not.
-        times = {n.node_rank: _exit_time(run_dir, n.node_rank) for n in nodes}
-        own = [n for n in nodes if n.returncode not in (None, 0) and times[n.node_rank] <= torn_down_at + 0.2]
-        node = pick_failed(own or [nodes[failed_rank]], times)
-        return JobResult("FAILED", node.returncode or 1, root_cause_text(node), nodes, max_step)
+                out.append(self.q.get_nowait())
+        except queue.Empty:
+            pass
+        return out
 
-    def _teardown(self, run_dir: Path, exclude: set[int] = frozenset()) -> None:
-        """Stop every node (but `exclude`): TERM the agents, KILL the recorded groups after the grace."""
-        targets = {r: p for r, p in self._procs.items() if r not in exclude and p.poll() is None}
+    def stop(self, reason: str, grace: float, nodes: set[int] | None = None) -> None:
+        """TERM the agents (each stops its launch, TERM then KILL after its own grace); KILL what any left behind."""
+        targets = {r: p for r, p in self.procs.items() if (nodes is None or r in nodes) and p.poll() is None}
         for p in targets.values():
             try:
                 p.send_signal(signal.SIGTERM)
@@ -146,84 +128,64 @@ class LocalLauncher:
                 pass
 
         def hard_kill() -> None:
-            deadline = time.monotonic() + self.grace + 1.0
+            deadline = time.monotonic() + grace + 1.0
             while time.monotonic() < deadline and any(p.poll() is None for p in targets.values()):
                 time.sleep(0.05)
             for r in targets:
-                for pgid in _recorded_groups(run_dir, r):
-                    signal_group(pgid, signal.SIGKILL)
-                token = _agent_info(run_dir, r).get("token")
-                if token:
-                    signal_pids(marked(token), signal.SIGKILL)
+                rec = self.rd.agent(r)
+                if rec is None:
+                    continue
+                for g in rec.groups():
+                    signal_group(g, signal.SIGKILL)
+                if rec.token:
+                    signal_pids(marked(rec.token), signal.SIGKILL)
         threading.Thread(target=hard_kill, daemon=True).start()
 
-    def cancel(self, handle: JobHandle) -> None:
-        run_dir = Path(handle.data["run_dir"])
-        if self._procs:
-            self._teardown(run_dir)
-            return
-        cancel_run_dir(run_dir, self.grace)
+    def stopped_ranks(self) -> dict[int, int]:
+        from orchestrator.node.ops import keep_stacks, stopped_ranks
+        pids, stopped = stopped_ranks(self.rd)
+        if pids:
+            keep_stacks(self.rd, pids, set(stopped))
+        return stopped
 
-    def status(self, handle: JobHandle) -> str:
-        return run_dir_state(Path(handle.data["run_dir"]))
-
-    def logs(self, handle: JobHandle, node_rank: int | None = None) -> Iterator[str]:
-        run_dir = Path(handle.data["run_dir"])
-        files = sorted((run_dir / "logs").glob("node*.log")) if node_rank is None else \
-            [run_dir / "logs" / f"node{node_rank}.log"]
-        for f in files:
-            if f.exists():
-                for line in f.read_text(errors="replace").splitlines():
-                    yield f"[{f.stem}] {line}"
+    def close(self) -> None:
+        for t in self._threads:
+            t.join(timeout=5)
 
 
-def _tail(path: Path, n: int = 60) -> str:
-    try:
-        data = path.read_bytes()[-16384:].decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(data.replace("\r", "\n").splitlines()[-n:])
+def _no_record(rc: int) -> str:
+    return (f"the node agent ended ({'signal ' + signal.Signals(-rc).name if rc < 0 else f'exit {rc}'}) without "
+            "an exit record: it was killed or crashed") if rc else ""
 
 
-def _exit_time(run_dir: Path, rank: int) -> float:
-    try:
-        return float(json.loads((run_dir / "nodes" / str(rank) / "exit.json").read_text())["time"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return float("inf")
+class _LogFile:
+    """Append-only node log that survives a full disk: writes resume when space is back; said once per outage."""
 
-
-def _agent_info(run_dir: Path, rank: int) -> dict:
-    try:
-        return json.loads((run_dir / "nodes" / str(rank) / "agent.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _recorded_groups(run_dir: Path, rank: int) -> list[int]:
-    info = _agent_info(run_dir, rank)
-    return [g for g in (info.get("pgid"), info.get("agent_pgid")) if isinstance(g, int) and g > 1]
-
-
-def cancel_run_dir(run_dir: Path, grace: float = 5.0) -> None:
-    """Cancel a local job from any process: what `node_agent --kill` does, for every node of the run dir."""
-    from orchestrator.node.ops import kill_node
-    kill_node(run_dir, None, grace)
-
-
-def run_dir_state(run_dir: Path) -> str:
-    nodes = sorted(int(p.name) for p in (run_dir / "nodes").iterdir() if p.name.isdigit()) \
-        if (run_dir / "nodes").exists() else []
-    exits = []
-    for r in nodes:
+    def __init__(self, path, say):
+        self.path, self.say, self.fh, self.failing = path, say, None, False
         try:
-            exits.append(json.loads((run_dir / "nodes" / str(r) / "exit.json").read_text())["returncode"])
-        except (OSError, ValueError, KeyError):
-            exits.append(None)
-    if not nodes:
-        return "UNKNOWN"
-    if any(e not in (None, 0) for e in exits):
-        return "FAILED" if all(e is not None for e in exits) else "FAILING"
-    if all(e == 0 for e in exits):
-        return "COMPLETED"
-    running = any(alive(_agent_info(run_dir, r).get("agent_pid", -1)) for r in nodes)
-    return "RUNNING" if running else "LOST"
+            self.fh = open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab", buffering=0)
+        except OSError as e:
+            self._fail(e)
+
+    def _fail(self, e: OSError) -> None:
+        if not self.failing:
+            self.failing = True
+            what = "no space left on device" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+            self.say(f"orchestrate: cannot write {self.path}: {what}; output keeps streaming here")
+
+    def write(self, line: str) -> None:
+        if self.fh is None:
+            return
+        try:
+            self.fh.write(line.encode() + b"\n")
+            self.failing = False
+        except OSError as e:
+            self._fail(e)
+
+    def close(self) -> None:
+        if self.fh is not None:
+            try:
+                self.fh.close()
+            except OSError:
+                pass

@@ -1,13 +1,14 @@
 """The node agent: runs on every node (local, SSH host, SLURM task) and owns that node's launch.
 
-`python -m orchestrator.node.agent RUN_DIR [--node-rank R] [--main-ip IP] [--watch-stdin]
-[--secrets-stdin] [--parent-pid PID]`
+`python -m orchestrator.node RUN_DIR [--node-rank R] [--main-ip IP] [--watch-stdin] [--secrets-stdin]
+[--watch-parent] ...`; `agent_argv` is the one place that argv is spelled.
 
 It binds the facts only the node knows (its rank from --node-rank / SLURM_NODEID, the main address
 from SLURM_JOB_NODELIST), writes the node's accelerate config, runs `accelerate launch` in a new
 process group, records that group, forwards signals (USR2 to the ranks only, so the launcher itself
 survives a preemption notice), and leaves nothing behind: when the launch ends, when it is told to
 stop, when its controlling connection (stdin) or parent dies, the whole group is TERMed then KILLed.
+Everything it reads and writes in the run dir goes through `RunDir` (its AgentRecord and ExitRecord).
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ from pathlib import Path
 from orchestrator.core.hostlist import first_host
 from orchestrator.core.jobplan import LATE_MAIN_IP, LaunchPlan
 from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_marked, marked, marked_ranks,
-                                   process_start_time, signal_group, signal_pids)
+                                         process_start_time, signal_group, signal_pids)
+from orchestrator.node.rundir import AgentRecord, ExitRecord, RunDir
+
+MODULE = "orchestrator.node"  # `python -m orchestrator.node RUN_DIR ...` runs `main` below
+HOOKS_DIR = Path(__file__).resolve().parent / "hooks"  # zero-code health hooks for the ranks (sitecustomize)
 
 RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
 NODELIST_ENV = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -67,24 +72,31 @@ def bind_main_ip(arg: str | None, plan_main: str, env: dict[str, str]) -> str:
     return first_host(nodelist)
 
 
-def rebase(argv: tuple[str, ...], planned_dir: str, actual_dir: str) -> list[str]:
-    """Point paths under the planned run dir at where the run dir actually is on this node."""
-    if planned_dir == actual_dir:
-        return list(argv)
-    return [actual_dir + a[len(planned_dir):] if a.startswith(planned_dir) else a for a in argv]
-
-
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+def agent_argv(python: str, run_dir: str, *, node_rank: int | None = None, watch_stdin: bool = False,
+               secrets_stdin: bool = False, forward_heartbeats: bool = False, watch_parent: bool = False,
+               grace: float | None = None, probe: dict | None = None, action: str | None = None,
+               module: str = MODULE) -> tuple[str, ...]:
+    """The node agent's argv: the ONE place it is spelled (local, SSH, SLURM, sbatch, teardown, diagnosis).
+    `action` is None (run the node), "kill", "diagnose" or "status"."""
+    argv = [python, "-m", module, run_dir]
+    if node_rank is not None:
+        argv += ["--node-rank", str(node_rank)]
+    if action:
+        argv.append(f"--{action}")
+    argv += ["--watch-stdin"] * watch_stdin + ["--secrets-stdin"] * secrets_stdin
+    argv += ["--forward-heartbeats"] * forward_heartbeats
+    argv += ["--watch-parent"] * watch_parent
+    if grace is not None:
+        argv += ["--grace", f"{grace:g}"]
+    if probe is not None:
+        argv += ["--probe", json.dumps(probe, sort_keys=True)]
+    return tuple(argv)
 
 
 class Agent:
     def __init__(self, run_dir: Path, plan: LaunchPlan, rank: int, main_ip: str, grace: float = 5.0):
+        self.rd = RunDir(run_dir)
         self.run_dir, self.plan, self.rank, self.main_ip, self.grace = run_dir, plan, rank, main_ip, grace
-        self.node_dir = run_dir / "nodes" / str(rank)
         self.proc: subprocess.Popen | None = None
         self.stopping = threading.Event()
         self.launch_done = threading.Event()  # set by wait() when the launch has exited
@@ -97,13 +109,9 @@ class Agent:
         node = self.plan.node(self.rank)
         cfg = dict(node.accelerate_config, machine_rank=self.rank, main_process_ip=self.main_ip)
         text = accelerate_config_text(cfg, self.plan.job_id, self.rank, self.plan.nodes)
-        path = self.node_dir / "accelerate.yaml"
-        self.node_dir.mkdir(parents=True, exist_ok=True)
+        path = self.rd.accelerate_config(self.rank)
         if not path.exists() or path.read_text() != text:
-            tmp = path.with_suffix(".yaml.tmp")
-            tmp.write_text(text)
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
+            self.rd.write_text(RunDir.node_rel(self.rank, "accelerate.yaml"), text)
         return path
 
     def environment(self, secrets: dict[str, str]) -> dict[str, str]:
@@ -111,7 +119,9 @@ class Agent:
         env.update(self.plan.node(self.rank).env)
         env.update(ORCHESTRATE_RUN_DIR=str(self.run_dir), ORCHESTRATE_JOB_ID=self.plan.job_id,
                    ORCHESTRATE_NODE_RANK=str(self.rank), ORCHESTRATE_ACCELERATOR=self.plan.accelerator,
-                   ORCHESTRATE_HEARTBEAT_DIR=str(self.run_dir / "heartbeats"), PYTHONUNBUFFERED="1")
+                   ORCHESTRATE_HEARTBEAT_DIR=str(self.rd.heartbeats), PYTHONUNBUFFERED="1")
+        if HOOKS_DIR.is_dir():  # the ranks' zero-code health hooks (sitecustomize), ahead of the user's path
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS_DIR), env.get("PYTHONPATH", "")) if p)
         env[TOKEN_VAR] = self.token
         env.update(secrets)
         return env
@@ -121,18 +131,18 @@ class Agent:
         if self.stopping.is_set():
             return False
         self.write_config()
-        (self.run_dir / "heartbeats").mkdir(parents=True, exist_ok=True, mode=0o700)
-        argv = rebase(self.plan.node(self.rank).command, self.plan.run_dir, str(self.run_dir))
+        self.rd.mkdir(RunDir.HEARTBEATS)
+        self.rd.mkdir(RunDir.LOGS)
+        argv = self.rd.bind(self.plan.node(self.rank).command)
         # SLURM signals every process of a step; torchrun has no USR2 handler and would die of it, orphaning
         # the ranks. Ignored dispositions survive exec, so the launcher ignores USR2 and each rank's own
         # handler (the recipes' save-on-signal) replaces the ignore in the ranks.
         self.proc = subprocess.Popen(argv, env=self.environment(secrets), start_new_session=True,
                                      stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
-        write_json(self.node_dir / "agent.json", {
-            "agent_pid": os.getpid(), "agent_pgid": os.getpgrp(), "pid": self.proc.pid, "pgid": self.proc.pid,
-            "host": socket.gethostname(), "node_rank": self.rank, "main_ip": self.main_ip, "started": time.time(),
-            "agent_proc_start": process_start_time(),
-            "token": self.token})
+        self.rd.write_agent(AgentRecord(
+            node_rank=self.rank, host=socket.gethostname(), agent_pid=os.getpid(), agent_pgid=os.getpgrp(),
+            pid=self.proc.pid, pgid=self.proc.pid, main_ip=self.main_ip, started=time.time(),
+            agent_proc_start=process_start_time(), token=self.token))
         if self.stopping.is_set():  # a signal raced the start
             self.stopping.clear()
             self.stop(self.stop_reason or "stopped during start")
@@ -170,11 +180,11 @@ class Agent:
         threading.Thread(target=escalate, daemon=True).start()
 
     def watch_ranks(self) -> None:
-        """Fail fast: a rank of this node that dies before finishing ends the node at once (orchestrator.node.rankwatch),
+        """Fail fast: a rank of this node that dies before finishing ends the node at once (node.rankwatch),
         instead of after torchrun's own poll, error report and exit. Its peers on this node are blocked on it and
         a checkpoint cannot complete without it: KILL, no grace."""
         from orchestrator.node.rankwatch import RankWatch
-        watch = RankWatch(self.token, list(self.plan.node(self.rank).ranks), self.run_dir / "heartbeats")
+        watch = RankWatch(self.token, list(self.plan.node(self.rank).ranks), self.rd.heartbeats)
 
         def run() -> None:
             death = watch.wait(lambda: self.stopping.is_set() or self.launch_done.is_set())
@@ -210,8 +220,8 @@ class Agent:
     def forward_heartbeats(self, interval: float = 0.5) -> None:
         """Print this node's new heartbeat lines as `ORCHESTRATE_HB {json}` (for backends without a shared
         filesystem: the submit host reads them from the agent's output stream)."""
-        from orchestrator.node.heartbeat import HB_PREFIX, HeartbeatTail
-        tail = HeartbeatTail(self.run_dir / "heartbeats", set(self.plan.node(self.rank).ranks))
+        from orchestrator.node.heartbeat import HB_PREFIX
+        tail = self.hb_tail(set(self.plan.node(self.rank).ranks))
 
         def run() -> None:
             while True:
@@ -229,11 +239,10 @@ class Agent:
         the shared heartbeats; on a hang it notes which of ITS ranks are stopped, keeps their stacks, and stops
         its launch with exit code 124; `srun --kill-on-bad-exit` then ends every node."""
         from orchestrator.core.health import HealthMonitor
-        from orchestrator.node.heartbeat import HeartbeatTail
         from orchestrator.node.proctools import state
         health = self.plan.health
         mon = HealthMonitor(health, self.plan.world_size, started=time.time())
-        tail = HeartbeatTail(self.run_dir / "heartbeats")
+        tail = self.hb_tail(None)
         every = float(health.poll_interval)
 
         def run() -> None:
@@ -248,7 +257,7 @@ class Agent:
                     text = mon.culprit(stalls, stopped, now)
                     if health.stack_dumps and mine:
                         from orchestrator.node.ops import keep_stacks
-                        keep_stacks(self.run_dir, mine)
+                        keep_stacks(self.rd, mine, set(stopped))
                     self.hang = text
                     self.stop("hang: " + text)
                     return
@@ -274,16 +283,17 @@ class Agent:
         code = 128 + sig if sig else rc
         hang = getattr(self, "hang", "")
         # Our own stop after a hang makes the ranks save as if preempted: that is still a failed (hung) run.
-        preempted = code != 0 and not hang and self.ranks_preempted()
+        # A node whose ranks saved and stopped on a preemption signal (SLURM's USR2) is preempted; one that WE stopped
+        # (teardown, cancel, hang, a dead rank) is not, even if its ranks saved on the way out.
+        preempted = code != 0 and not hang and not self.stop_reason and self.ranks_preempted()
         if hang:
             code = 124
         elif self.rank_death is not None:
             code = self.rank_death.exit_code
-        write_json(self.node_dir / "exit.json", {"returncode": 0 if preempted else code, "signal": sig,
-                                                 "time": time.time(), "stop_reason": self.stop_reason,
-                                                 "preempted": preempted, "launch_returncode": code,
-                                                 "hang": hang or None,
-                                                 "rank_death": self.rank_death.describe() if self.rank_death else None})
+        self.rd.write_exit(self.rank, ExitRecord(
+            returncode=0 if preempted else code, time=time.time(), signal=sig, launch_returncode=code,
+            stop_reason=self.stop_reason, preempted=preempted, hang=hang or None,
+            rank_death=self.rank_death.describe() if self.rank_death else None))
         # A node whose ranks all saved a checkpoint on a preemption signal and stopped has done its job:
         # exit 0, so `srun --kill-on-bad-exit` does not kill other nodes still saving.
         return 0 if preempted else code
@@ -292,7 +302,13 @@ class Agent:
         """True when every rank of this node's last heartbeat says it stopped after a preemption save."""
         from orchestrator.node.rankwatch import last_event
         ranks = self.plan.node(self.rank).ranks
-        return bool(ranks) and all(last_event(self.run_dir / "heartbeats", r) == "preempted" for r in ranks)
+        return bool(ranks) and all(last_event(self.rd.heartbeats, r) == "preempted" for r in ranks)
+
+    def hb_tail(self, ranks: set[int] | None):
+        """A reader of this attempt's heartbeats: it starts at the files' current ends, so a restarted job's health
+        starts from its own records (the previous attempt's steps are not this attempt's progress)."""
+        from orchestrator.node.heartbeat import HeartbeatTail
+        return HeartbeatTail(self.rd.heartbeats, ranks, from_end=True)
 
 
 def _child_setup() -> None:
@@ -332,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--main-ip", default=None)
     ap.add_argument("--watch-stdin", action="store_true", help="tear the job down when stdin hits EOF")
     ap.add_argument("--secrets-stdin", action="store_true", help="read one JSON line of secret env from stdin")
-    ap.add_argument("--parent-pid", type=int, default=None, help="tear the job down when this pid dies")
+    ap.add_argument("--watch-parent", action="store_true", help="tear the job down when the process that started "
+                    "the agent dies")
     ap.add_argument("--grace", type=float, default=5.0, help="seconds between TERM and KILL")
     ap.add_argument("--kill", action="store_true", help="kill every process of this node's launch (recorded in "
                     "agent.json), wherever it is in the process tree, and exit")
@@ -340,12 +357,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="watch the heartbeats in the run dir and stop this node on a hang (default: on for SLURM)")
     ap.add_argument("--diagnose", action="store_true", help="print each rank's pid and process state and keep "
                     "py-spy stacks in RUN_DIR/stacks/ (hang diagnosis), then exit")
+    ap.add_argument("--status", action="store_true", help="print one JSON line per node: agent alive, exit record")
     ap.add_argument("--forward-heartbeats", action="store_true",
                     help="print the ranks' heartbeats on stdout as ORCHESTRATE_HB lines")
     ap.add_argument("--probe", metavar="JSON", default=None,
                     help='pre-flight first ({"workdir", "port", "check"}, see orchestrator.node.probe): print '
                          "the result, then start only when a line arrives on stdin (EOF: exit, nothing started)")
     args = ap.parse_args(argv)
+    parent = os.getppid()  # before anything can make this process an orphan
+    os.umask(0o077)  # everything the agent and its launch create in the run dir is owner-only
     if args.probe is not None:
         from orchestrator.node.probe import PROBE_MARK, probe
         spec = json.loads(args.probe)
@@ -360,13 +380,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.diagnose:
         from orchestrator.node.ops import diagnose_node
         return diagnose_node(run_dir, args.node_rank)
+    if args.status:
+        from orchestrator.node.ops import node_status
+        for row in node_status(run_dir, args.node_rank):
+            print(json.dumps(row, sort_keys=True), flush=True)
+        return 0
     try:
         secrets = read_secrets_line() if args.secrets_stdin or args.probe is not None else {}
         if secrets is None:
             if args.probe is not None:
                 return 0  # the start was called off (another host failed its pre-flight)
             secrets = {}
-        plan = LaunchPlan.from_json((run_dir / "plan.json").read_text())
+        plan = RunDir(run_dir).read_plan()
         rank = bind_rank(args.node_rank, dict(os.environ), plan.nodes)
         main_ip = bind_main_ip(args.main_ip, plan.main_host, dict(os.environ))
     except (AgentError, OSError, ValueError, KeyError) as e:
@@ -381,8 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     agent.watch_ranks()
     if args.watch_stdin:
         agent.watch_stdin()
-    if args.parent_pid:
-        agent.watch_parent(args.parent_pid)
+    if args.watch_parent:
+        agent.watch_parent(parent)
     if args.forward_heartbeats:
         agent.forward_heartbeats()
     if args.monitor or (args.monitor is None and plan.cluster_kind == "slurm"):

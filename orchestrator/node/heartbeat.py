@@ -25,10 +25,17 @@ def parse_forwarded(line: str) -> dict[str, Any] | None:
 class HeartbeatTail:
     """Incrementally read complete new lines of every rank<G>.jsonl in a directory."""
 
-    def __init__(self, directory: Path, ranks: set[int] | None = None):
+    def __init__(self, directory: Path, ranks: set[int] | None = None, from_end: bool = False):
+        """`from_end`: skip what the files hold now (an earlier attempt's records); read only what comes next."""
         self.dir = Path(directory)
         self.ranks = ranks
         self.offsets: dict[Path, int] = {}
+        if from_end and self.dir.is_dir():
+            for path in self.dir.glob("rank*.jsonl"):
+                try:
+                    self.offsets[path] = path.stat().st_size
+                except OSError:
+                    pass
 
     def read(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

@@ -1,7 +1,8 @@
-"""What runs on a node from outside a live agent: find the agents a run dir recorded, kill what they started, and
-diagnose a hang (each rank's pid and process state, py-spy stacks). `python -m orchestrator.node.agent RUN_DIR
---kill | --diagnose` runs these on a node (over SSH, or locally), and the local and SLURM paths call them
-directly; they work from nodes/R/agent.json and the launch token, so they also work when the agent is dead.
+"""What runs on a node from outside a live agent: kill what a run dir's agents started, and diagnose a hang (each
+rank's pid and process state, py-spy stacks). `python -m orchestrator.node RUN_DIR --kill | --diagnose` runs these
+on a node (over SSH, or locally), and the local path calls them directly; they work from the AgentRecords in the run
+dir and the launch token, so they also work when the agent is dead. `node_status` (`--status`) says, per node, whether
+its agent still runs and how it ended (its ExitRecord): what `orchestrate status` asks when nobody supervises a job.
 """
 
 from __future__ import annotations
@@ -10,53 +11,80 @@ import json
 import signal
 from pathlib import Path
 
-from orchestrator.node.proctools import alive, kill_marked, marked_ranks, signal_group, signal_pids
+from orchestrator.node.proctools import alive, kill_marked, marked_ranks, signal_group, signal_pids, state
+from orchestrator.node.rundir import AgentRecord, RunDir
 
 
-def recorded_agents(run_dir: Path, rank: int | None):
-    """(node rank, agent.json) of one node or of every node that recorded an agent in this run dir."""
-    nodes = run_dir / "nodes"
-    ranks = [rank] if rank is not None else sorted(int(p.name) for p in nodes.iterdir() if p.name.isdigit()) \
-        if nodes.is_dir() else []
+def recorded_agents(run_dir: RunDir | Path, rank: int | None) -> list[tuple[int, AgentRecord]]:
+    """(node rank, AgentRecord) of one node or of every node that recorded an agent in this run dir."""
+    rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    ranks = [rank] if rank is not None else rd.node_ranks()
+    out = []
     for r in ranks:
-        try:
-            yield r, json.loads((nodes / str(r) / "agent.json").read_text())
-        except (OSError, ValueError):
-            continue
+        rec = rd.agent(r)
+        if rec is not None:
+            out.append((r, rec))
+    return out
 
 
-def keep_stacks(run_dir: Path, pids: dict[int, int]) -> Path:
-    """py-spy stacks of the given ranks (global rank -> pid) into RUN_DIR/stacks/rank<G>.txt."""
+def keep_stacks(run_dir: RunDir | Path, pids: dict[int, int], first: set[int] | None = None) -> Path:
+    """py-spy stacks of the given ranks (global rank -> pid) into RUN_DIR/stacks/rank<G>.txt (0600). Ranks in
+    `first` (the stopped ones: the culprit) are dumped first, and retried once when py-spy got nothing."""
     from orchestrator.node.proctools import dump_stack
-    d = run_dir / "stacks"
-    d.mkdir(mode=0o700, exist_ok=True)
-    for g, pid in sorted(pids.items()):
-        (d / f"rank{g}.txt").write_text(dump_stack(pid))
-    return d
+    rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    rd.mkdir(RunDir.STACKS)
+    first = first or set()
+    for g, pid in sorted(pids.items(), key=lambda kv: (kv[0] not in first, kv[0])):
+        text = dump_stack(pid)
+        if g in first and "Thread" not in text:
+            text = dump_stack(pid) or text
+        rd.write_text(f"{RunDir.STACKS}/rank{g}.txt", text)
+    return rd.stacks
 
 
-def kill_node(run_dir: Path, rank: int | None, grace: float) -> int:
+def kill_node(run_dir: RunDir | Path, rank: int | None, grace: float) -> int:
     """Tear down what a node agent started, from the outside (the agent itself may be dead)."""
     for _, info in recorded_agents(run_dir, rank):
-        pid = info.get("agent_pid")
-        if isinstance(pid, int) and alive(pid):
-            signal_pids([pid], signal.SIGTERM)
-        if info.get("token"):
-            kill_marked(info["token"], grace=grace)
-        for key in ("pgid", "agent_pgid"):
-            if isinstance(info.get(key), int) and info[key] > 1:
-                signal_group(info[key], signal.SIGKILL)
+        if info.agent_pid > 1 and alive(info.agent_pid):
+            signal_pids([info.agent_pid], signal.SIGTERM)
+        if info.token:
+            kill_marked(info.token, grace=grace)
+        for g in info.groups():
+            signal_group(g, signal.SIGKILL)
     return 0
 
 
-def diagnose_node(run_dir: Path, rank: int | None, stacks: bool = True) -> int:
+def stopped_ranks(run_dir: RunDir | Path, rank: int | None = None) -> tuple[dict[int, int], dict[int, int]]:
+    """(every rank of the node(s) -> pid, the stopped ones (state T) -> pid), from the recorded launch tokens."""
+    pids: dict[int, int] = {}
+    for _, info in recorded_agents(run_dir, rank):
+        if info.token:
+            pids.update(marked_ranks(info.token))
+    return pids, {g: p for g, p in sorted(pids.items()) if state(p) == "T"}
+
+
+def diagnose_node(run_dir: RunDir | Path, rank: int | None, stacks: bool = True) -> int:
     """Print one JSON line per node: each rank's pid and /proc state (T = stopped), and keep py-spy stacks in
-    RUN_DIR/stacks/. Run on the node (over SSH) when the monitor sees a hang, before the teardown."""
-    from orchestrator.node.proctools import state
+    RUN_DIR/stacks/. Run on the node (over SSH) when the supervisor sees a hang, before the teardown."""
     for r, info in recorded_agents(run_dir, rank):
-        pids = marked_ranks(str(info.get("token")))
-        out = {"node_rank": r, "ranks": {str(g): {"pid": pid, "state": state(pid)} for g, pid in sorted(pids.items())}}
+        pids = marked_ranks(info.token) if info.token else {}
+        ranks = {str(g): {"pid": pid, "state": state(pid)} for g, pid in sorted(pids.items())}
+        out = {"node_rank": r, "ranks": ranks}
         if stacks and pids:
-            out["stacks"] = str(keep_stacks(run_dir, pids))
+            out["stacks"] = str(keep_stacks(run_dir, pids, {int(g) for g, v in ranks.items() if v["state"] == "T"}))
         print(json.dumps(out, sort_keys=True), flush=True)
     return 0
+
+
+def node_status(run_dir: RunDir | Path, rank: int | None) -> list[dict]:
+    """Per node of the run dir: {"node_rank", "host", "agent_alive", "exit": ExitRecord as dict or None}."""
+    from dataclasses import asdict
+    rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    ranks = [rank] if rank is not None else rd.node_ranks()
+    out = []
+    for r in ranks:
+        ag, ex = rd.agent(r), rd.exit(r)
+        out.append({"node_rank": r, "host": ag.host if ag else "", "recorded": ag is not None,
+                    "agent_alive": bool(ag and ag.agent_pid > 1 and alive(ag.agent_pid)),
+                    "exit": asdict(ex) if ex else None})
+    return out

@@ -1,12 +1,17 @@
 """Shared fixtures for the recipe tests: offline env, a private tiny-model cache, recipe configs built
 from the shipped YAMLs, and a launcher that runs recipes the way the node agent does
-(`python -m accelerate.commands.launch --config_file X -m recipes.run RECIPE`)."""
+(`python -m accelerate.commands.launch --config_file X -m recipes.run RECIPE`).
+
+Every launch carries its own ORCHESTRATE_JOB_TOKEN (as under the node agent), registered with `job_guard`: when a
+test ends, pass or fail, every process of its launches is gone, ranks included (torchrun starts them in sessions of
+their own, out of reach of the launcher's group). `p.token` finds a rank: proctools.marked_ranks(p.token)."""
 
 from __future__ import annotations
 
 import copy
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -14,6 +19,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from helpers import kill_tree
+from orchestrator.node.proctools import TOKEN_VAR, kill_marked
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "recipes" / "configs"
@@ -94,8 +102,9 @@ def parse_result(text: str) -> dict | None:
 
 
 @pytest.fixture
-def launch(tmp_path, tiny_cache):
-    """launch(cfg, profile, nprocs, env=None, timeout=240, wait=True) -> (rc, result, output) or Popen."""
+def launch(tmp_path, tiny_cache, job_guard):
+    """launch(cfg, profile, nprocs, env=None, timeout=240, wait=True) -> (rc, result, output), or with wait=False
+    the Popen (in a session of its own; .log its output file, .token its ORCHESTRATE_JOB_TOKEN)."""
 
     def run(cfg: dict, profile: str = "multi_gpu", nprocs: int = 2, env: dict | None = None,
             timeout: int = 240, wait: bool = True, tag: str = "run"):
@@ -107,13 +116,15 @@ def launch(tmp_path, tiny_cache):
         acc_path.write_text(yaml.safe_dump(acc))
         recipe_path = tmp_path / f"{tag}_recipe.yaml"
         recipe_path.write_text(yaml.safe_dump(cfg))
+        token = job_guard.token(f"recipes-{tag}-{secrets.token_hex(6)}")
         e = {**os.environ, **OFFLINE, "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1",
              "ORCHESTRATE_ACCELERATOR": "cpu", "ORCHESTRATE_CACHE": tiny_cache, "OMP_NUM_THREADS": "1",
-             "PYTHONPATH": str(REPO), **(env or {})}
+             "PYTHONPATH": str(REPO), TOKEN_VAR: token, **(env or {})}
         argv = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(acc_path),
                 "-m", "recipes.run", str(recipe_path)]
         log = open(tmp_path / f"{tag}.log", "w+")
-        p = subprocess.Popen(argv, cwd=REPO, env=e, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        p = job_guard.spawn(argv, cwd=REPO, env=e, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        p.token = token
         if not wait:
             p.log = log
             return p
@@ -121,8 +132,9 @@ def launch(tmp_path, tiny_cache):
             rc = p.wait(timeout=timeout)
         finally:
             if p.poll() is None:
-                os.killpg(p.pid, 9)
+                kill_tree(p)
                 p.wait()
+            kill_marked(token, grace=1.0)  # a rank the launcher left behind (its own session)
         log.seek(0)
         out = log.read()
         log.close()

@@ -9,8 +9,10 @@ import os
 import signal
 import time
 
-import psutil
 import pytest
+
+from helpers import kill_tree, steps_seen, wait_until
+from orchestrator.node.proctools import marked_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -77,14 +79,14 @@ def test_dpo_zero3_two_processes(recipe_cfg, launch):
     assert res["final_loss"] < res["first_loss"] - 0.03, res["losses"]
 
 
-def _rank_pid(launcher_pid: int, rank: int) -> int | None:
-    for child in psutil.Process(launcher_pid).children(recursive=True):
-        try:
-            if "recipes.run" in " ".join(child.cmdline()) and child.environ().get("RANK") == str(rank):
-                return child.pid
-        except psutil.Error:
-            continue
-    return None
+def _wait_steps(p, hb, steps: int, timeout: float = 120) -> int:
+    """Wait until rank 1 has reported `steps` steps (heartbeats in `hb`) while the launch runs; its pid then."""
+    def ready():
+        assert p.poll() is None, "run ended early"
+        return steps_seen(None, 1, heartbeat_dir=hb) >= steps
+    wait_until(ready, timeout, 0.2, f"rank 1 to report {steps} steps")
+    # the worker with RANK=1 (marked with the launch's token), not `accelerate launch` whose argv also says recipes.run
+    return wait_until(lambda: marked_ranks(p.token).get(1), 10, 0.1, "rank 1's process")
 
 
 def test_signal_saves_checkpoint_then_resume_continues(recipe_cfg, launch, tmp_path):
@@ -92,20 +94,12 @@ def test_signal_saves_checkpoint_then_resume_continues(recipe_cfg, launch, tmp_p
     cfg = recipe_cfg("sft_tiny", max_steps=100000, logging_steps=1)
     p = launch(cfg, "multi_gpu", env={"ORCHESTRATE_HEARTBEAT_DIR": str(hb)}, wait=False, tag="pre")
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:  # wait until rank 1 has logged a few steps
-            f = hb / "rank1.jsonl"
-            if f.exists() and sum(1 for x in f.read_text().splitlines() if '"event": "step"' in x) >= 3:
-                break
-            assert p.poll() is None, "run ended early"
-            time.sleep(0.2)
-        pid = _rank_pid(p.pid, 1)
-        assert pid is not None
+        pid = _wait_steps(p, hb, 3)
         os.kill(pid, signal.SIGTERM)  # one rank only: the others must follow at the next step boundary
         rc = p.wait(timeout=120)
-    finally:
+    finally:  # and job_guard kills every marked process of the launch at the end
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+            kill_tree(p)
             p.wait()
     p.log.seek(0)
     out = p.log.read()
@@ -134,27 +128,15 @@ def test_hung_peer_times_out_on_cpu(recipe_cfg, launch, tmp_path):
     p = launch(cfg, "multi_gpu", env={"ORCHESTRATE_HEARTBEAT_DIR": str(hb), "ORCHESTRATE_PG_TIMEOUT": "6"},
                wait=False, tag="hang")
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            f = hb / "rank1.jsonl"
-            if f.exists() and sum(1 for x in f.read_text().splitlines() if '"event": "step"' in x) >= 2:
-                break
-            assert p.poll() is None, "run ended early"
-            time.sleep(0.2)
-        pid = _rank_pid(p.pid, 1)
+        pid = _wait_steps(p, hb, 2)
         os.kill(pid, signal.SIGSTOP)  # hung, not dead: only a collective timeout can notice
         t0 = time.time()
         rc = p.wait(timeout=90)
         waited = time.time() - t0
-    finally:
+    finally:  # the stopped rank, if the launcher left it behind, is killed by job_guard (marked with the token)
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+            kill_tree(p)
             p.wait()
-        else:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # the stopped rank, if the launcher left it behind
-            except ProcessLookupError:
-                pass
     p.log.seek(0)
     out = p.log.read()
     assert rc != 0 and waited < 60, (rc, waited, out[-2000:])

@@ -13,7 +13,7 @@ def _gpus() -> int:
         import torch
 
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
+    except Exception:  # noqa: BLE001 - no usable torch/CUDA means no GPUs here
         return 0
 
 

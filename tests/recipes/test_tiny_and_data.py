@@ -26,7 +26,7 @@ def test_resolve_passes_through_other_names():
     assert resolve_model_path("/some/dir") == "/some/dir"
 
 
-def test_concurrent_build_is_race_free(tmp_path):
+def test_concurrent_build_is_race_free(tmp_path, job_guard):
     # Three "ranks" with a live process group build at once (transformers' save_pretrained writes only on
     # global rank 0 when a group is up: the build must not depend on that).
     env = {**os.environ, "ORCHESTRATE_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
@@ -38,8 +38,8 @@ def test_concurrent_build_is_race_free(tmp_path):
             "p = resolve_model_path('tiny-qwen2'); c = AutoConfig.from_pretrained(p); "
             "m = AutoModelForCausalLM.from_pretrained(p); "
             "t = AutoTokenizer.from_pretrained(p); print(p, c.model_type, c.num_key_value_heads, t.eos_token)")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(i)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(3)]
+    procs = [job_guard.spawn([sys.executable, "-c", code, str(i)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for i in range(3)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     lines = {o[0].strip().splitlines()[-1] for o in outs}

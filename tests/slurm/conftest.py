@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurm_helpers import CLUSTER_DIR, NODES, SCRIPT, WORK, unavailable  # noqa: E402
+from slurm_helpers import CLUSTER_DIR, NODES, SCRIPT, WORK, unavailable
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,13 @@ python payload.py STEPS [--sleep S] [--fail-at STEP --fail-node R] [--save-dir D
 Writes ORCHESTRATE_HEARTBEAT_DIR/rank<node>.jsonl; on SIGUSR2/SIGTERM it "saves a checkpoint"
 (the current step into save-dir/ckpt.json) and exits 0 / 143; on start it resumes from that step.
 """
-import argparse, json, os, signal, socket, sys, time
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("steps", type=int)

@@ -10,6 +10,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from helpers import wait_until  # the tests import it from here too; the old order (pred, timeout, what) works
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm_cluster.sh"
 CLUSTER_DIR = os.environ.get("ORCHESTRATE_SLURM_DIR", "/tmp/orchestrate-slurm")
@@ -30,6 +32,7 @@ def unavailable() -> str | None:
 
 def node_namespace_leftovers() -> dict[str, list[str]]:
     """Processes in the node namespaces other than slurmd itself (zombies count as gone)."""
+    from orchestrator.node.proctools import alive
     out: dict[str, list[str]] = {}
     for k in range(1, NODES + 1):
         ns = f"osl-node{k}"
@@ -38,10 +41,9 @@ def node_namespace_leftovers() -> dict[str, list[str]]:
         for pid in r.stdout.split():
             try:
                 comm = Path(f"/proc/{pid}/comm").read_text().strip()
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
-            if comm != "slurmd" and state not in ("Z", "X"):
+            if comm != "slurmd" and alive(int(pid)):
                 left.append(f"{pid}:{comm}")
         if left:
             out[ns] = left
@@ -49,12 +51,12 @@ def node_namespace_leftovers() -> dict[str, list[str]]:
 
 
 def wait_clean(timeout: float = 15.0) -> dict[str, list[str]]:
-    deadline = time.monotonic() + timeout
-    left = node_namespace_leftovers()
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = node_namespace_leftovers()
-    return left
+    """What is still left in the node namespaces after up to `timeout` s ({} once clean)."""
+    try:
+        wait_until(lambda: not node_namespace_leftovers(), timeout, 0.2, "the node namespaces to be clean")
+    except AssertionError:
+        pass
+    return node_namespace_leftovers()
 
 
 def local_cluster(**slurm_overrides):
@@ -67,6 +69,7 @@ def local_cluster(**slurm_overrides):
 
 def trivial_plan(name: str, payload_args: list[str], nodes: int = NODES, cluster=None):
     """A LaunchPlan whose nodes run tests/slurm/payload.py (no torch): launcher mechanics only."""
+    from orchestrator.core.health import HealthSpec
     from orchestrator.core.jobplan import LATE_MAIN_IP, LaunchPlan, NodePlan
     job_id = f"{name}-{int(time.time() * 1000) % 10**9}"
     run_dir = str(WORK / "runs" / job_id)
@@ -80,22 +83,12 @@ def trivial_plan(name: str, payload_args: list[str], nodes: int = NODES, cluster
                       data_parallel_size=nodes, per_device_batch=1, grad_accum=1, effective_batch=nodes,
                       max_length=None, tokens_per_step=None, tokens_per_step_exact=False, main_host=LATE_MAIN_IP,
                       port=29500, run_dir=run_dir, output_dir=run_dir + "/out", python=sys.executable,
-                      secret_env=(), node_plans=nps)
+                      secret_env=(), node_plans=nps, health=HealthSpec(max_restarts=3))
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "plan.json").write_text(plan.to_json())
     return plan
 
 
 def heartbeat_step(run_dir: str | Path) -> int:
-    from orchestrator.launchers.slurm.task import latest_step
-    return latest_step(Path(run_dir)) or 0
-
-
-def wait_until(pred, timeout: float, what: str, poll: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    from orchestrator.node.rundir import RunDir
+    return RunDir(run_dir).furthest_step() or 0

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
+from orchestrator.core.health import HealthSpec
 
 from orchestrator.launchers.slurm.sbatch import check_slurm, render_sbatch, time_seconds
 from orchestrator.launchers.slurm.launcher import STATE_TABLE, SlurmLauncher, job_id_of, map_state
@@ -40,7 +41,7 @@ def fixed_plan(nodes: int = 2, run_dir: str = "/shared/orchestrate/runs/sft_tiny
                       data_parallel_size=8 * nodes, per_device_batch=8, grad_accum=1, effective_batch=64 * nodes,
                       max_length=256, tokens_per_step=None, tokens_per_step_exact=False, main_host=LATE_MAIN_IP,
                       port=29500, run_dir=run_dir, output_dir="/shared/out", python=python, secret_env=("HF_TOKEN",),
-                      node_plans=nps)
+                      node_plans=nps, health=HealthSpec(max_restarts=3))
 
 
 def cluster(name: str):
@@ -92,7 +93,7 @@ def test_rank_is_never_bound_in_the_batch_shell():
         assert var not in code, var
     srun = text[text.index("\nsrun "):].split("&\n")[0]
     assert "--kill-on-bad-exit=1" in srun and "--ntasks-per-node=1" in srun
-    assert '"$PYTHON" -m orchestrator.node.agent "$RUN_DIR"' in srun
+    assert '"$PYTHON" -m orchestrator.node "$RUN_DIR"' in srun
     from orchestrator.node.agent import bind_main_ip, bind_rank
     for r in range(2):
         assert bind_rank(None, {"SLURM_NODEID": str(r)}, 2) == r
@@ -180,4 +181,4 @@ def test_restart_policy(tmp_path):
     ok, why = may_requeue(tmp_path, 3, 3)
     assert not ok and "budget" in why
     decisions = [json.loads(x)["decision"] for x in (tmp_path / "restarts.jsonl").read_text().splitlines()]
-    assert decisions == ["requeue", "stop", "requeue", "stop"]
+    assert decisions == ["restart", "stop", "restart", "stop"]

@@ -7,11 +7,9 @@ except under CI=true, where a missing prerequisite is a failure (the suite must 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import secrets
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -86,14 +84,14 @@ def trivial_job(testbed, make_cluster, tmp_path):
     """trivial_job(commands={rank: argv}, env={rank: {...}}, secret_env=(), hosts=None, **ssh_over)
     -> (launcher, submission, local_run_dir, plan): a plan whose nodes run `argv` under the real agent."""
     from orchestrator.launchers.ssh.launcher import SSHLauncher
-    from orchestrator.core.jobplan import LaunchPlan, NodePlan
+    from orchestrator.core.jobplan import NodePlan
     from orchestrator.core.render import render_files
 
     def make(commands, env=None, secret_env=(), hosts=None, tag="job", port=29500, nodes=None, **over):
         cluster = make_cluster(hosts=hosts, **over)
         base = _base_prepared(cluster)
         jid = job_id(tag)
-        run_dir = f"{testbed.dir}/work/{{host}}/runs/{jid}"
+        local = tmp_path / "local" / jid
         n = nodes if nodes is not None else len(commands)
         node_hosts = list(cluster.ssh.hosts) + [""] * max(0, n - len(cluster.ssh.hosts))
         nps = tuple(NodePlan(node_rank=r, host=node_hosts[r], ranks=(r,),
@@ -101,15 +99,14 @@ def trivial_job(testbed, make_cluster, tmp_path):
                              command=tuple(commands.get(r, ("true",))), env=dict((env or {}).get(r, {})))
                     for r in range(n))
         plan = dataclasses.replace(base.plan, job_id=jid, cluster_kind="ssh", cluster_name="testlab", nodes=n,
-                                   world_size=n, main_host=node_hosts[0], port=port, run_dir=run_dir,
+                                   world_size=n, main_host=node_hosts[0], port=port, run_dir=str(local),
                                    secret_env=tuple(secret_env), node_plans=nps)
-        local = tmp_path / "local" / jid
         files = render_files(plan, base.recipe.to_dict())
         for rel, text in files.items():
             p = local / rel
             p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             p.write_text(text)
-        launcher = SSHLauncher(cluster, local_run_dir=str(local), grace_s=1.0)
+        launcher = SSHLauncher(cluster, grace_s=1.0)
         return launcher, launcher.prepare(plan), local, plan
     return make
 

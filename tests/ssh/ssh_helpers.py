@@ -3,9 +3,10 @@ another suite's conftest can never shadow them)."""
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
+
+from helpers import agents, wait_until
+from helpers import wait_gone as _wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -15,14 +16,9 @@ def remote_run_dir(testbed, host: str, jid: str) -> Path:
 
 
 def agent_info(testbed, host: str, jid: str, rank: int, timeout: float = 20.0) -> dict:
-    p = remote_run_dir(testbed, host, jid) / "nodes" / str(rank) / "agent.json"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            return json.loads(p.read_text())
-        except (OSError, ValueError):
-            time.sleep(0.05)
-    raise AssertionError(f"no agent.json for node {rank} on {host}")
+    """nodes/<rank>/agent.json of `jid` in `host`'s run dir, once the agent has written it."""
+    return wait_until(lambda: agents(remote_run_dir(testbed, host, jid), rank).get(rank), timeout, 0.05,
+                      f"agent.json of node {rank} on {host}")
 
 
 def live_members(pgids) -> list[int]:
@@ -34,10 +30,6 @@ def live_members(pgids) -> list[int]:
 
 
 def wait_gone(pgids, timeout: float = 15.0) -> float:
-    """Seconds until every process of the groups is gone (zombies count as gone); fails on timeout."""
-    t0 = time.monotonic()
-    while live_members(pgids):
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"processes left after {timeout}s: {live_members(pgids)}")
-        time.sleep(0.02)
-    return time.monotonic() - t0
+    """Seconds until every process of the groups / markers is gone (zombies count as gone); fails on timeout.
+    (helpers.wait_gone over `live_members`: groups and tokens, where helpers.wait_gone takes pids.)"""
+    return _wait_gone(lambda: live_members(pgids), timeout)

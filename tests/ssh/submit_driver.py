@@ -12,19 +12,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from orchestrator.launchers.ssh.launcher import SSHLauncher  # noqa: E402
-from orchestrator.core.jobplan import LaunchPlan  # noqa: E402
-from orchestrator.core.spec import parse_cluster  # noqa: E402
+from orchestrator.core.jobplan import LaunchPlan
+from orchestrator.core.spec import parse_cluster
+from orchestrator.launchers.ssh.launcher import SSHLauncher
+from orchestrator.node.rundir import RunDir
+from orchestrator.supervise import Supervisor
 
 
 def main() -> int:
     cluster = parse_cluster(json.loads(sys.argv[1]), source="<driver>")
     local = Path(sys.argv[2])
-    launcher = SSHLauncher(cluster, local_run_dir=str(local), grace_s=1.0)
+    launcher = SSHLauncher(cluster, grace_s=1.0)
     plan = LaunchPlan.from_json((local / "plan.json").read_text())
-    handle = launcher.submit(launcher.prepare(plan))
-    print("SUBMITTED " + json.dumps(handle.data), flush=True)
-    result = launcher.wait(handle, on_line=lambda r, line: print(f"[node{r}] {line}", flush=True))
+    job = launcher.submit(launcher.prepare(plan), RunDir(local))
+    print("SUBMITTED " + json.dumps(job.handle.data), flush=True)
+    result = Supervisor(plan, on_line=lambda r, line: print(f"[node{r}] {line}", flush=True)).run(job)
     print("RESULT " + json.dumps({"state": result.state, "returncode": result.returncode,
                                   "root_cause": result.root_cause}), flush=True)
     return result.returncode

@@ -17,6 +17,8 @@ import pytest
 
 from ssh_helpers import REPO, agent_info, live_members, remote_run_dir, wait_gone
 from orchestrator.errors import ConfigError, PreflightError
+from orchestrator.node.rundir import RunDir
+import jobrun
 
 SLEEP = ("sleep", "60")
 
@@ -44,7 +46,7 @@ def _cmdline_has(pid: int, needle: bytes) -> bool:
 
 def _expect_preflight(testbed, launcher, sub, plan, *needles):
     with pytest.raises(PreflightError) as ei:
-        launcher.submit(sub)
+        launcher.submit(sub, RunDir(plan.run_dir))
     msg = ei.value.one_line()
     assert ei.value.exit_code == 2
     assert "\n" not in msg
@@ -123,15 +125,6 @@ def _groups(testbed, plan):
     return out
 
 
-def _run_in_thread(launcher, handle):
-    import threading
-    box = {}
-    lines = []
-    t = threading.Thread(target=lambda: box.update(r=launcher.wait(handle, on_line=lambda r, l: lines.append((r, l)))))
-    t.start()
-    return t, box, lines
-
-
 def test_success_byte_exact_env_and_args_through_the_agent(testbed, trivial_job):
     weird = ["a b", "it's", 'dq"', "$(id)", "`id`", "new\nline", "ünï©ødé", "*", "~", "--flag=x;y", ""]
     env = {"PLAIN_VALUE": "x y $HOME 'q' \"d\" \\ \n end", "EMPTY_ONE": ""}
@@ -139,9 +132,8 @@ def test_success_byte_exact_env_and_args_through_the_agent(testbed, trivial_job)
             "'env':{k:os.environb[k.encode()].hex() for k in ('PLAIN_VALUE','EMPTY_ONE')}}))")
     cmd = (testbed.python, "-c", prog, *weird)
     launcher, sub, local, plan = trivial_job({0: cmd, 1: cmd}, env={0: env, 1: env}, tag="echo")
-    handle = launcher.submit(sub)
     lines = []
-    res = launcher.wait(handle, on_line=lambda r, line: lines.append((r, line)))
+    res = jobrun.run(launcher, plan, submission=sub, lines=lines)
     assert res.state == "COMPLETED", res
     echoes = [json.loads(line[5:]) for _, line in lines if line.startswith("ECHO ")]
     assert len(echoes) == 2
@@ -159,9 +151,9 @@ def test_success_byte_exact_env_and_args_through_the_agent(testbed, trivial_job)
 def test_fail_fast_names_failed_node_and_leaves_nothing(testbed, trivial_job):
     launcher, sub, _, plan = trivial_job({0: SLEEP, 1: ("sh", "-c", "echo about to fail; sleep 1; exit 3")},
                                          tag="ff")
-    handle = launcher.submit(sub)
+    job = jobrun.start(launcher, plan, submission=sub)
     groups = _groups(testbed, plan)
-    res = launcher.wait(handle)
+    res = job.result()
     t_done = time.monotonic()
     assert res.state == "FAILED" and res.returncode == 3, res
     assert f"node 1 ({testbed.hosts[1]})" in res.root_cause and "exit code 3" in res.root_cause, res.root_cause
@@ -173,16 +165,14 @@ def test_fail_fast_names_failed_node_and_leaves_nothing(testbed, trivial_job):
 @pytest.mark.parametrize("what", ["rank", "agent"])
 def test_sigkill_rank_or_agent_tears_everything_down(testbed, trivial_job, what, record_property):
     launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, tag=f"kill{what}")
-    handle = launcher.submit(sub)
+    job = jobrun.start(launcher, plan, submission=sub)
     groups = _groups(testbed, plan)
     a1 = agent_info(testbed, testbed.hosts[1], plan.job_id, 1)
-    t, box, _ = _run_in_thread(launcher, handle)
     time.sleep(0.5)
     t0 = time.monotonic()
     os.kill(a1["pid"] if what == "rank" else a1["agent_pid"], signal.SIGKILL)
     gone = wait_gone(groups, timeout=10)
-    t.join(20)
-    res = box["r"]
+    res = job.result(20)
     record_property("fault_to_all_gone_s", round(gone, 3))
     print(f"SIGKILL {what}: all processes gone {gone:.2f}s after the fault, wait returned "
           f"{time.monotonic() - t0:.2f}s after")
@@ -195,17 +185,15 @@ def test_sigkill_rank_or_agent_tears_everything_down(testbed, trivial_job, what,
 
 def test_sigstop_rank_then_cancel_kills_stopped_group(testbed, trivial_job):
     launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, tag="stop")
-    handle = launcher.submit(sub)
+    job = jobrun.start(launcher, plan, submission=sub)
     groups = _groups(testbed, plan)
     a1 = agent_info(testbed, testbed.hosts[1], plan.job_id, 1)
     os.kill(a1["pid"], signal.SIGSTOP)
-    t, box, _ = _run_in_thread(launcher, handle)
     time.sleep(1.0)
-    assert box == {}, "a stopped rank alone does not end the job (the health monitor will)"
-    launcher.cancel(handle)
+    assert job.thread.is_alive(), "a stopped rank alone does not end the job (the health monitor will)"
+    job.cancel()
     gone = wait_gone(groups, timeout=10)
-    t.join(20)
-    assert box["r"].state == "CANCELLED"
+    assert job.result(20).state == "CANCELLED"
     assert gone < 5
 
 
@@ -220,7 +208,8 @@ def test_secrets_reach_ranks_but_no_file_log_or_cmdline(testbed, trivial_job):
     old = {k: os.environ.get(k) for k in canaries}
     os.environ.update(canaries)
     try:
-        handle = launcher.submit(sub)
+        lines = []
+        job = jobrun.start(launcher, plan, submission=sub, lines=lines)
         time.sleep(0.8)
         cmdlines = []
         for pid in os.listdir("/proc"):
@@ -229,8 +218,8 @@ def test_secrets_reach_ranks_but_no_file_log_or_cmdline(testbed, trivial_job):
                     cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
                 except OSError:
                     pass
-        lines = []
-        res = launcher.wait(handle, on_line=lambda r, line: lines.append(line))
+        res = job.result()
+        lines = [line for _, line in lines]
     finally:
         for k, v in old.items():
             if v is None:
@@ -272,7 +261,6 @@ def _driver(testbed, trivial_job, tag):
 def test_sigkill_of_submitting_process_tears_down_remote_nodes(testbed, trivial_job, record_property):
     proc, plan, groups = _driver(testbed, trivial_job, "orchkill")
     assert live_members(groups)
-    t0 = time.monotonic()
     proc.kill()
     proc.wait()
     gone = wait_gone(groups, timeout=15)

@@ -12,17 +12,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ssh_helpers import REPO, agent_info, live_members, remote_run_dir, wait_gone
+from helpers import first_step_seen, rank_pids, wait_until
+from ssh_helpers import REPO, agent_info, remote_run_dir, wait_gone
 
 pytestmark = pytest.mark.slow
 
-if not (REPO / "recipes" / "run.py").exists() or not (REPO / "orchestrator" / "node_agent.py").exists():
-    pytest.skip("needs recipes/run.py and orchestrator/node_agent.py", allow_module_level=True)
-
 
 @pytest.fixture
-def sft(testbed, tmp_path, monkeypatch):
-    """sft(max_steps) -> (launcher, submission, plan, local run dir) for recipes/configs/sft_tiny.yaml on 2 hosts."""
+def sft(testbed, tmp_path, monkeypatch, job_guard):
+    """sft(max_steps) -> (launcher, submission, plan, local run dir) for recipes/configs/sft_tiny.yaml on 2 hosts.
+    Each job's run dirs (local and per host) are registered with job_guard: a failing test leaves nothing running."""
     from orchestrator.launchers.ssh.launcher import SSHLauncher
     from orchestrator import api
 
@@ -42,9 +41,23 @@ def sft(testbed, tmp_path, monkeypatch):
                                overrides=over, cwd=REPO)
         local = tmp_path / "home" / "runs" / prepared.plan.job_id
         api.write_files(prepared.files, local)
-        launcher = SSHLauncher(prepared.cluster, local_run_dir=str(local))
+        job_guard.run_dir(local, *(remote_run_dir(testbed, n.host, prepared.plan.job_id)
+                                   for n in prepared.plan.node_plans))
+        launcher = SSHLauncher(prepared.cluster)
         return launcher, launcher.prepare(prepared.plan), prepared.plan, local
     return make
+
+
+def _submit(launcher, sub, local: Path):
+    """Start the job (pre-flight, copy, agents); the running job for `_wait`."""
+    from orchestrator.node.rundir import RunDir
+    return launcher.submit(sub, RunDir(local))
+
+
+def _wait(plan, job, on_line=None):
+    """Supervise the job to its end, as `orchestrate submit` does: the JobResult."""
+    from orchestrator.supervise import Supervisor
+    return Supervisor(plan, on_line=on_line).run(job)
 
 
 def test_two_node_sft_trains_in_sync_and_keeps_secrets(testbed, sft, monkeypatch):
@@ -52,9 +65,9 @@ def test_two_node_sft_trains_in_sync_and_keeps_secrets(testbed, sft, monkeypatch
     monkeypatch.setenv("HF_TOKEN", canary)
     launcher, sub, plan, local = sft(10, secret_env=("HF_TOKEN",))
     t0 = time.monotonic()
-    handle = launcher.submit(sub)
+    job = _submit(launcher, sub, local)
     lines: list[str] = []
-    res = launcher.wait(handle, on_line=lambda r, line: lines.append(line))
+    res = _wait(plan, job, on_line=lambda r, line: lines.append(line))
     wall = time.monotonic() - t0
     print(f"2-node SFT over SSH: {res.state} in {wall:.1f}s")
     assert res.state == "COMPLETED", res.root_cause
@@ -75,38 +88,30 @@ def test_two_node_sft_trains_in_sync_and_keeps_secrets(testbed, sft, monkeypatch
     assert not any(canary in line for line in lines)
 
 
-def _rank_pid(testbed, plan, node: int) -> tuple[int, list[int]]:
-    """The pid of node's training rank (recipes.run) and the job's recorded groups on every node."""
-    groups = []
+def _rank_pid(testbed, plan, node: int) -> tuple[int, list]:
+    """The pid of node's training rank (the worker with RANK set, not `accelerate launch` whose argv also says
+    recipes.run) and the job's recorded groups and tokens on every node (for ssh_helpers.wait_gone)."""
+    groups: list = []
     for n in plan.node_plans:
         a = agent_info(testbed, n.host, plan.job_id, n.node_rank, timeout=30)
         groups += [a["agent_pgid"], a["pgid"], a["token"]]
-    a = agent_info(testbed, plan.node_plans[node].host, plan.job_id, node)
-    from orchestrator.node.proctools import marked_ranks
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # the worker (RANK set), not `accelerate launch` whose argv also says recipes.run
-        pid = marked_ranks(a["token"]).get(plan.node_plans[node].ranks[0])
-        if pid:
-            return pid, groups
-        time.sleep(0.1)
-    raise AssertionError("no rank process found")
+    np = plan.node_plans[node]
+    pid = wait_until(lambda: rank_pids(remote_run_dir(testbed, np.host, plan.job_id), node).get(np.ranks[0]), 30,
+                     what=f"the rank process of node {node}")
+    return pid, groups
 
 
 def _wait_first_step(testbed, plan, timeout=60.0):
-    hb = remote_run_dir(testbed, plan.node_plans[1].host, plan.job_id) / "heartbeats" / "rank1.jsonl"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if hb.exists() and '"event": "step"' in hb.read_text():
-            return
-        time.sleep(0.1)
-    raise AssertionError("training never reached its first step")
+    run_dir = remote_run_dir(testbed, plan.node_plans[1].host, plan.job_id)
+    wait_until(lambda: first_step_seen(run_dir, plan.node_plans[1].ranks[0]), timeout,
+               what="training to reach its first step")
 
 
 def test_sigkill_rank_mid_training_fails_fast_with_root_cause(testbed, sft, record_property):
-    launcher, sub, plan, _ = sft(200)
-    handle = launcher.submit(sub)
+    launcher, sub, plan, local = sft(200)
+    job = _submit(launcher, sub, local)
     box = {}
-    t = threading.Thread(target=lambda: box.update(r=launcher.wait(handle)))
+    t = threading.Thread(target=lambda: box.update(r=_wait(plan, job)))
     t.start()
     _wait_first_step(testbed, plan)
     pid, groups = _rank_pid(testbed, plan, 1)
@@ -128,10 +133,10 @@ def test_sigkill_rank_mid_training_fails_fast_with_root_cause(testbed, sft, reco
 def test_sigstop_rank_mid_training_is_detected_as_hang(testbed, sft, record_property):
     """A stopped rank blocks its peer in a collective: no node fails. The health monitor on the submit host
     sees the heartbeats (forwarded over SSH) stop and tears the job down within stall_timeout + a few s."""
-    launcher, sub, plan, _ = sft(400, extra=("health.stall_timeout=8", "health.poll_interval=0.5"))
-    handle = launcher.submit(sub)
+    launcher, sub, plan, local = sft(400, extra=("health.stall_timeout=8", "health.poll_interval=0.5"))
+    job = _submit(launcher, sub, local)
     box = {}
-    t = threading.Thread(target=lambda: box.update(r=launcher.wait(handle)))
+    t = threading.Thread(target=lambda: box.update(r=_wait(plan, job)))
     t.start()
     _wait_first_step(testbed, plan)
     time.sleep(1.0)  # past the first step: the training clock (stall_timeout) applies, not startup_timeout
@@ -155,10 +160,10 @@ def test_sigstop_rank_mid_training_is_detected_as_hang(testbed, sft, record_prop
 
 
 def test_two_nodes_two_processes_each_train_in_sync(testbed, sft):
-    launcher, sub, plan, _ = sft(6, extra=("launch.procs_per_node=2",))
+    launcher, sub, plan, local = sft(6, extra=("launch.procs_per_node=2",))
     assert plan.world_size == 4
     lines: list[str] = []
-    res = launcher.wait(launcher.submit(sub), on_line=lambda r, line: lines.append(line))
+    res = _wait(plan, _submit(launcher, sub, local), on_line=lambda r, line: lines.append(line))
     assert res.state == "COMPLETED", res.root_cause
     result = json.loads(next(line for line in lines if line.startswith("ORCHESTRATE_RESULT "))[19:])
     ranks = result["ranks"]
@@ -192,10 +197,10 @@ def test_node_loses_sshd_and_agent_mid_training(testbed, sft, record_property):
     gets SIGTERM from PR_SET_PDEATHSIG when its agent dies; torchrun stops its ranks). Then sshd is restarted."""
     import subprocess
     import sshd_hosts
-    launcher, sub, plan, _ = sft(400)
-    handle = launcher.submit(sub)
+    launcher, sub, plan, local = sft(400)
+    job = _submit(launcher, sub, local)
     box = {}
-    t = threading.Thread(target=lambda: box.update(r=launcher.wait(handle)))
+    t = threading.Thread(target=lambda: box.update(r=_wait(plan, job)))
     t.start()
     _wait_first_step(testbed, plan)
     _, groups = _rank_pid(testbed, plan, 1)

@@ -10,14 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.launchers.ssh.transport import HostError, Pool, SSHOptions, remote_command
+from orchestrator.core.spec import SSHSpec
+from orchestrator.launchers.ssh.transport import HostError, Pool, remote_command
 
 
-def opts(tb, **over) -> SSHOptions:
+def opts(tb, **over) -> SSHSpec:
     base = dict(port=tb.port, user=tb.user, key=tb.key, known_hosts=tb.known_hosts, strict_host_keys=True,
                 connect_timeout=5)
     base.update(over)
-    return SSHOptions(**base)
+    return SSHSpec(**base)
 
 
 def test_connect_and_exec_over_open_connections(testbed):

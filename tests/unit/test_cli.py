@@ -4,6 +4,7 @@ on bad input, a fast `--help` that does not import torch, and every shipped YAML
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -11,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from helpers import cli, spawn
+
 REPO = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "orchestrator.cli"]
 
 
 def run(*args, cwd=REPO, env=None):
-    return subprocess.run([*CLI, *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    return cli(*args, cwd=cwd, env=env)
 
 
 def test_help_is_fast_and_imports_nothing_heavy():
@@ -131,3 +132,29 @@ CLUSTERS = sorted((REPO / "cluster_configs").glob("*.yaml"))
 def test_every_shipped_cluster_validates(path):
     from orchestrator.core.spec import parse_cluster, read_yaml
     parse_cluster(read_yaml(path, "cluster"), source=str(path))
+
+
+CHECK_SIGINT = ("import signal, sys; h = signal.getsignal(signal.SIGINT); "
+                "print('ignored' if h is signal.SIG_IGN else 'python' if h is signal.default_int_handler else h, "
+                "flush=True); sys.exit(0) if len(sys.argv) < 2 else signal.pause()")
+
+
+def test_children_get_ctrl_c_even_when_pytest_ignores_sigint():
+    """A background `bash .ci/run &` starts pytest with SIGINT ignored, and an ignored disposition survives exec:
+    a test's child must not inherit it (helpers.spawn resets it), else a Ctrl-C test passes or fails by accident."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        plain = subprocess.run([sys.executable, "-c", CHECK_SIGINT], capture_output=True, text=True, timeout=60)
+        assert plain.stdout.strip() == "ignored"  # the trap the helper exists for
+        p = spawn([sys.executable, "-c", CHECK_SIGINT, "wait"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline().strip() == "python"
+            assert os.getpgid(p.pid) == p.pid != os.getpgrp()  # a group of its own
+            p.send_signal(signal.SIGINT)
+            assert p.wait(timeout=30) != 0  # KeyboardInterrupt ended it
+        finally:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+    finally:
+        signal.signal(signal.SIGINT, old)

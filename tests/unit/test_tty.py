@@ -133,7 +133,8 @@ def test_rank_rows_state_per_rank(tmp_path, exit_json, node1):
     assert rows[1]["step"] is None and rows[3]["step"] == 4
     text, _ = render(tty.ranks_table(st))
     assert row(text, "0", column=2)[3:] == ["training", "5/10", "3.5000", "5s", "-"]
-    assert row(text, "1", column=2)[3:] == ["waiting", "-", "-", "-", "-"]  # a rank that has not beaten yet still has a row
+    # a rank that has not beaten yet still has a row
+    assert row(text, "1", column=2)[3:] == ["waiting", "-", "-", "-", "-"]
     assert [ln.strip() == "" for ln in text.splitlines()] == [False] * 4 + [True, False, False]  # nodes apart
 
 

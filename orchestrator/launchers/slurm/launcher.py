@@ -10,16 +10,20 @@ which rank, which exit code, from the agents' exit.json and the node logs).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
-from orchestrator.types import JobHandle, JobResult, NodeCommand, NodeExit, Submission
+from orchestrator.launchers.base import run_dir_logs
+from orchestrator.node.agent import agent_argv
+from orchestrator.node.heartbeat import HeartbeatTail
+from orchestrator.node.rundir import RunDir
+from orchestrator.supervise import Beat, Line, NodeEnded, SchedulerEnd
+from orchestrator.types import JobHandle, JobState, JobStatus, NodeCommand, NodeStatus, Submission
 from orchestrator.launchers.slurm.sbatch import check_slurm, extra_option, render_sbatch, time_seconds
 from orchestrator.errors import ConfigError, LaunchError, Problem
 from orchestrator.core.jobplan import LaunchPlan
@@ -96,13 +100,13 @@ class SlurmLauncher:
             raise ConfigError(problems, source=getattr(self.cluster, "source", None))
         slurm = self._slurm
         script = render_sbatch(plan, slurm)
-        argv = (plan.python, "-m", "orchestrator.node.agent", plan.run_dir)
+        argv = agent_argv(plan.python, plan.run_dir)  # each task binds its rank from SLURM_NODEID
         nodes = tuple(NodeCommand(node_rank=n.node_rank, host="", argv=argv, env={}, secret_env=plan.secret_env)
                       for n in plan.node_plans)
-        return Submission(kind=self.kind, run_dir=plan.run_dir, nodes=nodes, files={"job.sbatch": script},
-                          extra={"sbatch": script, "submitit": self.submitit_parameters(plan),
-                                 "python": plan.python, "max_restarts": slurm.max_restarts,
-                                 "nodes": plan.nodes, "job_id": plan.job_id})
+        return Submission(kind=self.kind, run_dir=plan.run_dir, nodes=nodes, files={RunDir.SBATCH: script},
+                          extra={"submitit": self.submitit_parameters(plan), "python": plan.python,
+                                 "max_restarts": int(plan.health.max_restarts or 0), "nodes": plan.nodes,
+                                 "job_id": plan.job_id})
 
     def submitit_parameters(self, plan: LaunchPlan) -> dict:
         """SlurmExecutor parameters equivalent to job.sbatch (time given exactly, as a string)."""
@@ -157,46 +161,42 @@ class SlurmLauncher:
         raise ConfigError(Problem(where, f"SLURM rejects the job: {err}"), source=getattr(self.cluster, "source", None))
 
     # -------------------------------------------------------------- side effects
-    def submit(self, submission: Submission) -> JobHandle:
-        run_dir = Path(submission.run_dir)
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        for rel, text in submission.files.items():
-            p = run_dir / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text)
-        self.preflight(run_dir / "job.sbatch")
+    def submit(self, submission: Submission, run_dir: RunDir) -> "SlurmJob":
+        run_dir.mkdir(RunDir.LOGS)
+        run_dir.write_files(submission.files)
+        self.preflight(run_dir.path(RunDir.SBATCH))
         import submitit
         from orchestrator.launchers.slurm.task import AgentTask
-        ex = submitit.SlurmExecutor(folder=str(run_dir / "submitit" / "%j"), python=submission.extra["python"],
+        ex = submitit.SlurmExecutor(folder=str(run_dir.root / "submitit" / "%j"), python=submission.extra["python"],
                                     max_num_timeout=int(submission.extra["max_restarts"]))
         ex.update_parameters(**submission.extra["submitit"])
-        task = AgentTask(str(run_dir), submission.extra["python"], int(submission.extra["max_restarts"]),
+        task = AgentTask(str(run_dir.root), list(submission.nodes[0].argv), int(submission.extra["max_restarts"]),
                          save_wait_s=max(5.0, min(60.0, self._slurm.signal_lead_s - 5.0)) if self._slurm else 30.0)
         try:
             job = ex.submit(task)
-        except Exception as e:  # submitit raises a plain error carrying sbatch's stderr
+        except Exception as e:  # noqa: BLE001 - submitit raises a plain error carrying sbatch's stderr
             raise LaunchError(f"sbatch failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e}",
                               host=self._name, argv=["sbatch"]) from None
-        (run_dir / "slurm_job_id").write_text(f"{job.job_id}\n")
-        return JobHandle(uri=f"slurm://{job.job_id}", data={"run_dir": str(run_dir), "job_id": str(job.job_id),
-                                                            "nodes": submission.extra.get("nodes")})
+        run_dir.write_text(RunDir.SLURM_JOB_ID, f"{job.job_id}\n")
+        handle = JobHandle(uri=f"slurm://{job.job_id}", data={"run_dir": str(run_dir.root), "job_id": str(job.job_id),
+                                                              "nodes": submission.extra.get("nodes")})
+        return SlurmJob(self, handle, run_dir, int(submission.extra.get("nodes") or len(submission.nodes)))
 
-    def submit_sbatch(self, submission: Submission) -> JobHandle:
+    def submit_sbatch(self, submission: Submission, run_dir: RunDir) -> "SlurmJob":
         """Submit the rendered job.sbatch with plain `sbatch` (what a user does by hand)."""
-        run_dir = Path(submission.run_dir)
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        for rel, text in submission.files.items():
-            (run_dir / rel).write_text(text)
-        self.preflight(run_dir / "job.sbatch")
-        r = subprocess.run(["sbatch", "--parsable", str(run_dir / "job.sbatch")], capture_output=True, text=True,
-                           timeout=60)
+        run_dir.mkdir(RunDir.LOGS)
+        run_dir.write_files(submission.files)
+        script = run_dir.path(RunDir.SBATCH)
+        self.preflight(script)
+        r = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
-            raise LaunchError("sbatch failed", host=self._name, argv=["sbatch", str(run_dir / "job.sbatch")],
+            raise LaunchError("sbatch failed", host=self._name, argv=["sbatch", str(script)],
                               exit_code=r.returncode, stderr_tail=r.stderr[-2000:])
         jid = r.stdout.strip().split(";")[0]
-        (run_dir / "slurm_job_id").write_text(f"{jid}\n")
-        return JobHandle(uri=f"slurm://{jid}", data={"run_dir": str(run_dir), "job_id": jid,
-                                                     "nodes": submission.extra.get("nodes")})
+        run_dir.write_text(RunDir.SLURM_JOB_ID, f"{jid}\n")
+        handle = JobHandle(uri=f"slurm://{jid}", data={"run_dir": str(run_dir.root), "job_id": jid,
+                                                       "nodes": submission.extra.get("nodes")})
+        return SlurmJob(self, handle, run_dir, int(submission.extra.get("nodes") or len(submission.nodes)))
 
     # -------------------------------------------------------------- state
     def query(self, handle: JobHandle) -> dict:
@@ -221,11 +221,18 @@ class SlurmLauncher:
         return {"state": state, "terminal": terminal, "slurm_state": base, "reason": parts[3],
                 "exit_code": parts[1], "restarts": 0, "nodelist": parts[2]}
 
-    def status(self, handle: JobHandle) -> str:
+    def status(self, handle: JobHandle, run_dir: RunDir) -> JobStatus:
         q = self.query(handle)
-        return q["state"] if q["state"] == q["slurm_state"] else f"{q['state']} ({q['slurm_state']})"
+        nodes = tuple(NodeStatus(r, (run_dir.agent(r).host if run_dir.agent(r) else ""),
+                                 "exited" if run_dir.exit(r) else ("running" if q["state"] == "RUNNING" else "unknown"),
+                                 run_dir.exit(r).returncode if run_dir.exit(r) else None)
+                      for r in range(int(handle.data.get("nodes") or 0)))
+        return JobStatus(JobState(q["state"]) if q["state"] in JobState.__members__ else JobState.RUNNING, nodes,
+                         scheduler_reason(job_id_of(handle), q) if q["terminal"] else "",
+                         f"SLURM {q['slurm_state']}" + (f", {q['reason']}" if q.get("reason") not in ("", "None")
+                                                        else ""))
 
-    def cancel(self, handle: JobHandle) -> None:
+    def cancel(self, handle: JobHandle, run_dir: RunDir | None = None) -> None:
         jid = job_id_of(handle)
         if shutil.which("scancel") is None:
             raise ConfigError(Problem(f"cluster {self._name!r}", "scancel not found on PATH"))
@@ -234,150 +241,96 @@ class SlurmLauncher:
             raise LaunchError(f"scancel {jid} failed", argv=["scancel", jid], exit_code=r.returncode,
                               stderr_tail=r.stderr[-1000:])
 
-    # -------------------------------------------------------------- logs and waiting
-    def _run_dir(self, handle: JobHandle) -> Path:
-        rd = handle.data.get("run_dir")
-        if not rd:
-            raise ConfigError(Problem("job", f"{handle.uri}: run directory unknown"))
-        return Path(rd)
+    def logs(self, handle: JobHandle, run_dir: RunDir, node: int | None = None) -> Iterator[str]:
+        return run_dir_logs(run_dir, node)
 
-    def logs(self, handle: JobHandle, node_rank: int | None = None) -> Iterator[str]:
-        run_dir = self._run_dir(handle)
-        files = sorted((run_dir / "logs").glob("node*.log"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
-        for f in files:
-            r = int(re.sub(r"\D", "", f.stem) or 0)
-            if node_rank is not None and r != node_rank:
-                continue
-            host = _agent_host(run_dir, r)
-            for line in f.read_text(errors="replace").splitlines():
-                yield f"[{host} node{r}] {line}"
 
-    def wait(self, handle: JobHandle, on_line: Callable[[int, str], None] | None = None,
-             timeout: float | None = None) -> JobResult:
-        run_dir = self._run_dir(handle)
-        offsets: dict[Path, int] = {}
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            q = self.query(handle)
-            self._pump(run_dir, offsets, on_line)
-            if q["terminal"]:
-                time.sleep(0.2)
-                self._pump(run_dir, offsets, on_line)
-                return self.result(handle, q)
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"{handle.uri} still {q['slurm_state']} after {timeout} s")
-            time.sleep(self.poll)
+def scheduler_reason(jid: str, q: dict) -> str:
+    base = q["slurm_state"]
+    if q["state"] == "CANCELLED":
+        return f"SLURM job {jid} was cancelled (scancel)"
+    if base in WHY:
+        return f"SLURM job {jid} {base}: the job {WHY[base]}"
+    if q["state"] == "FAILED":
+        return f"SLURM job {jid} {base} (exit {q['exit_code'] or '?'}, reason {q['reason'] or '-'})"
+    return ""
 
-    def _pump(self, run_dir: Path, offsets: dict[Path, int], on_line) -> None:
-        if on_line is None:
-            return
-        for f in sorted((run_dir / "logs").glob("node*.log")):
-            r = int(re.sub(r"\D", "", f.stem) or 0)
+
+class SlurmJob:
+    """A running SLURM job as the supervisor sees it: output lines (RUN_DIR/logs, the shared run dir), heartbeats
+    (this attempt's), and at the scheduler's final word every node's end (its agent's ExitRecord) and the verdict.
+    A requeued job (preemption) is the same attempt here: the scheduler says PENDING/RUNNING again."""
+
+    decides_hangs_on_nodes = True
+    grace = 0.0  # scancel: SLURM's own KillWait applies
+
+    def __init__(self, launcher: SlurmLauncher, handle: JobHandle, run_dir: RunDir, nodes: int, poll: float = 0.5):
+        self.launcher, self.handle, self.rd, self.poll = launcher, handle, run_dir, poll
+        self.nodes = {r: "" for r in range(nodes)}
+        self.beats = HeartbeatTail(run_dir.heartbeats, from_end=True)
+        self.offsets: dict[int, int] = {}
+        self.next_query = 0.0
+        self.done = False
+        self.cancelled = False
+
+    def _lines(self) -> list:
+        out: list = []
+        for r in self.rd.log_ranks():
+            off = self.offsets.get(r, 0)
             try:
-                with open(f, "rb") as fh:
-                    fh.seek(offsets.get(f, 0))
+                with open(self.rd.log(r), "rb") as fh:
+                    fh.seek(off)
                     data = fh.read()
             except OSError:
                 continue
             cut = data.rfind(b"\n") + 1
-            offsets[f] = offsets.get(f, 0) + cut
-            for line in data[:cut].decode(errors="replace").splitlines():
-                if line.strip():
-                    on_line(r, line)
+            self.offsets[r] = off + cut
+            out += [Line(r, line) for line in data[:cut].decode(errors="replace").splitlines() if line.strip()]
+        return out
 
-    def result(self, handle: JobHandle, q: dict | None = None) -> JobResult:
-        q = q or self.query(handle)
-        run_dir = self._run_dir(handle)
-        nodes = node_exits(run_dir, int(handle.data.get("nodes") or 0))
-        rc = _slurm_exit(q["exit_code"])
-        if q["state"] == "COMPLETED":
-            return JobResult("COMPLETED", 0, "", nodes)
-        if q["state"] == "CANCELLED":
-            return JobResult("CANCELLED", 130, f"SLURM job {job_id_of(handle)} was cancelled (scancel)", nodes)
-        failed = sorted((n for n in nodes if n.returncode not in (None, 0)),
-                        key=lambda n: _exit_time(run_dir, n.node_rank))
-        base = q["slurm_state"]
-        head = f"SLURM job {job_id_of(handle)} {base}"
-        if base in WHY:
-            cause = f"{head}: the job {WHY[base]}"
-            stops = [h for h in _history(run_dir) if h.get("decision") == "stop"]
-            if stops:
-                cause += f" ({stops[-1].get('reason')})"
-        elif _hangs(run_dir, nodes):
-            r, text = _hangs(run_dir, nodes)[0]
-            cause = f"{head}: hang detected inside the allocation by node {r}: {text}; stacks in {run_dir}/stacks/"
-        elif failed:
-            from orchestrator.supervise import root_cause_text
-            cause = f"{head}: {root_cause_text(failed[0])}"
-        else:
-            cause = f"{head} (exit {q['exit_code'] or '?'}, reason {q['reason'] or '-'}); see {run_dir}/logs/"
-        return JobResult("FAILED", (failed[0].returncode if failed else rc) or 1, cause, nodes)
+    def events(self, timeout: float) -> list:
+        if self.done:
+            time.sleep(timeout)
+            return []
+        time.sleep(timeout)
+        out = self._lines() + [Beat(b) for b in self.beats.read()]
+        if time.monotonic() < self.next_query:
+            return out
+        self.next_query = time.monotonic() + self.poll
+        q = self.launcher.query(self.handle)
+        if not q["terminal"]:
+            return out
+        time.sleep(0.2)  # the last lines the tasks wrote
+        out += self._lines() + [Beat(b) for b in self.beats.read()]
+        self.done = True
+        for r in self.nodes:
+            rec, agent = self.rd.exit(r), self.rd.agent(r)
+            out.append(NodeEnded(r, agent.host if agent else "?", rec.returncode if rec else None,
+                                 self.rd.log_tail(r, 40), rec,
+                                 "" if rec else f"no exit record from its agent (SLURM {q['slurm_state']})"))
+        state = {"COMPLETED": JobState.COMPLETED, "CANCELLED": JobState.CANCELLED}.get(q["state"], JobState.FAILED)
+        out.append(SchedulerEnd(state, scheduler_reason(job_id_of(self.handle), q)))
+        return out
 
-
-# ---------------------------------------------------------------------------------- run dir facts
-
-def _agent_host(run_dir: Path, rank: int) -> str:
-    try:
-        return json.loads((run_dir / "nodes" / str(rank) / "agent.json").read_text()).get("host") or "?"
-    except (OSError, ValueError):
-        return "?"
-
-
-def _hangs(run_dir: Path, nodes) -> list[tuple[int, str]]:
-    """(node, text) of every node agent that stopped its node on a hang; one that saw its rank stopped first."""
-    out = []
-    for n in nodes:
+    def stop(self, reason: str, grace: float, nodes: set[int] | None = None) -> None:
+        """A node failing ends the others through srun --kill-on-bad-exit; a hang or a cancel: scancel."""
+        if reason.startswith("node ") or self.cancelled:
+            return
+        self.cancelled = True
         try:
-            text = json.loads((run_dir / "nodes" / str(n.node_rank) / "exit.json").read_text()).get("hang")
-        except (OSError, ValueError):
-            continue
-        if text:
-            out.append((n.node_rank, text))
-    return sorted(out, key=lambda x: ("is stopped" not in x[1], x[0]))
-
-
-def _exit_time(run_dir: Path, rank: int) -> float:
-    try:
-        return float(json.loads((run_dir / "nodes" / str(rank) / "exit.json").read_text()).get("time") or 0)
-    except (OSError, ValueError):
-        return float("inf")
-
-
-def _history(run_dir: Path) -> list[dict]:
-    from orchestrator.launchers.slurm.task import restart_history
-    return restart_history(run_dir)
-
-
-def _slurm_exit(text: str) -> int:
-    """'1:0' -> 1; '0:9' -> 128+9."""
-    m = re.match(r"(\d+):(\d+)", text or "")
-    if not m:
-        return 1
-    code, sig = int(m.group(1)), int(m.group(2))
-    return 128 + sig if sig else code
-
-
-def node_exits(run_dir: Path, nodes: int) -> tuple[NodeExit, ...]:
-    out = []
-    count = max(nodes, len(list((run_dir / "nodes").glob("*/agent.json"))) if (run_dir / "nodes").is_dir() else 0)
-    for r in range(count):
-        rc = sig = None
-        try:
-            ex = json.loads((run_dir / "nodes" / str(r) / "exit.json").read_text())
-            rc, sig = ex.get("returncode"), ex.get("signal")
-        except (OSError, ValueError):
+            self.launcher.cancel(self.handle)
+        except Exception:  # noqa: BLE001 - the job may be gone already
             pass
-        tail = ""
-        try:
-            tail = "\n".join((run_dir / "logs" / f"node{r}.log").read_text(errors="replace").splitlines()[-40:])
-        except OSError:
-            pass
-        out.append(NodeExit(node_rank=r, host=_agent_host(run_dir, r), returncode=rc, signal=sig, log_tail=tail))
-    return tuple(out)
+
+    def stopped_ranks(self) -> dict[int, int]:
+        return {}  # the nodes' own processes are not visible from here; their agents judged (and kept stacks)
+
+    def close(self) -> None:
+        pass
 
 
 def read_job_id(run_dir: str | os.PathLike) -> str | None:
     try:
-        return Path(run_dir, "slurm_job_id").read_text().strip() or None
+        return Path(run_dir, RunDir.SLURM_JOB_ID).read_text().strip() or None
     except OSError:
         return None

@@ -22,6 +22,7 @@ from typing import Any
 
 from orchestrator.errors import Problem
 from orchestrator.core.jobplan import LaunchPlan
+from orchestrator.node.agent import agent_argv
 from orchestrator.core.plan import parse_time_s, slurm_problems
 
 SIGNAL = "USR2"  # NCCL uses USR1 itself
@@ -105,7 +106,7 @@ def render_sbatch(plan: LaunchPlan, slurm: Any, run_dir: str | None = None, pyth
         f"{plan.profile} -> {plan.distributed_type}; effective batch {plan.effective_batch}",
         f"# Submit by hand with:  sbatch {q(run_dir + '/job.sbatch')}   (what `orchestrate submit` runs)",
         f"# Per-node output: {run_dir}/logs/node<R>.log; preemption: {SIGNAL} {slurm.signal_lead_s} s before "
-        f"the time limit -> checkpoint -> requeue (at most {slurm.max_restarts} restarts).",
+        f"the time limit -> checkpoint -> requeue (at most {int(plan.health.max_restarts or 0)} restarts).",
     ]
     lines += [_flag(k, v) for k, v in sbatch_options(plan, slurm, run_dir)]
     lines += ["", "set -u"]
@@ -115,11 +116,12 @@ def render_sbatch(plan: LaunchPlan, slurm: Any, run_dir: str | None = None, pyth
         "",
         f"RUN_DIR={q(run_dir)}",
         f"PYTHON={q(python)}",
-        f"MAX_RESTARTS={int(slurm.max_restarts)}",
+        f"MAX_RESTARTS={int(plan.health.max_restarts or 0)}",
         'mkdir -p "$RUN_DIR/logs"',
         'echo "orchestrate: SLURM job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, restart ${SLURM_RESTART_COUNT:-0}"',
         'if [ "${SLURM_RESTART_COUNT:-0}" -gt "$MAX_RESTARTS" ]; then',
-        '    echo "orchestrate: restart ${SLURM_RESTART_COUNT} exceeds slurm.max_restarts=$MAX_RESTARTS; giving up" >&2',
+        '    echo "orchestrate: restart ${SLURM_RESTART_COUNT} exceeds health.max_restarts=$MAX_RESTARTS;'
+        ' giving up" >&2',
         "    exit 3",
         "fi",
         "",
@@ -129,7 +131,8 @@ def render_sbatch(plan: LaunchPlan, slurm: Any, run_dir: str | None = None, pyth
         'srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" '
         "--ntasks-per-node=1 \\",
         '    --output="$RUN_DIR/logs/node%n.log" --open-mode=append \\',
-        '    "$PYTHON" -m orchestrator.node.agent "$RUN_DIR" &',
+        "    " + " ".join({python: '"$PYTHON"', run_dir: '"$RUN_DIR"'}.get(a, shlex.quote(a))
+                       for a in agent_argv(python, run_dir)) + " &",
         "SRUN_PID=$!",
         "",
         f"# {SIGNAL} ahead of the time limit (or `scancel --batch --signal={SIGNAL}`): forward it to every task;",

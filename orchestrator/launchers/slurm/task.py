@@ -1,24 +1,23 @@
-"""What runs inside a SLURM job: the submitit task that starts the node agent, and the restart policy.
+"""What runs inside a SLURM job: the submitit task that starts the node agent, and its requeue decision.
 
-`AgentTask` is the picklable callable submitit runs once per node (one task per node). It starts
-`python -m orchestrator.node.agent RUN_DIR` with its output going straight to RUN_DIR/logs/node<R>.log
+`AgentTask` is the picklable callable submitit runs once per node (one task per node). It starts the
+Submission's agent argv (`python -m orchestrator.node RUN_DIR`) with its output going straight to
+RUN_DIR/logs/node<R>.log
 (not through submitit's in-memory buffering), exits with the agent's code (so SLURM's ExitCode and
 srun's --kill-on-bad-exit see the real failure) and implements submitit's `checkpoint()`: on the
 preemption / time-limit signal (USR2, delivered by SLURM to every process of the step: the agents and
 the ranks save a checkpoint) the task of global rank 0 waits for its agent to finish saving, asks the
 restart policy and returns the resubmission (submitit then runs `scontrol requeue`) or None.
 
-The restart policy (`may_requeue`) is shared with the standalone job.sbatch
-(`python -m orchestrator.launchers.slurm.task requeue RUN_DIR --max-restarts N`, exit 0 = requeue): restarts are
-bounded by slurm.max_restarts (SLURM_RESTART_COUNT), and a job whose global step did not move since
-the previous restart (a crash/preemption loop without progress) is not requeued again. Every decision
-is appended to RUN_DIR/restarts.jsonl.
+The requeue decision (`may_requeue`) is the one `orchestrator.supervise.RestartPolicy` (health.max_restarts, the
+crash-loop rule), also used by the standalone job.sbatch (`python -m orchestrator.launchers.slurm.task requeue
+RUN_DIR --max-restarts N`, exit 0 = requeue). Every decision, and every requeue nobody here decided
+(`scontrol requeue`), is appended to RUN_DIR/restarts.jsonl: the submitter counts them all.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
 import signal
@@ -28,60 +27,23 @@ import time
 from pathlib import Path
 
 
-# ------------------------------------------------------------------------------------- restart policy
-
-def latest_step(run_dir: Path) -> int | None:
-    """The highest global step any rank reported in RUN_DIR/heartbeats (None: no step yet)."""
-    best = None
-    for f in sorted((run_dir / "heartbeats").glob("rank*.jsonl")):
-        try:
-            lines = f.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                step = json.loads(line).get("step")
-            except (ValueError, AttributeError):
-                continue
-            if isinstance(step, int) and (best is None or step > best):
-                best = step
-    return best
+def may_requeue(run_dir: Path, restart_count: int, max_restarts: int, job_id: str = "") -> tuple[bool, str]:
+    """The preempted run may be requeued? RestartPolicy's decision, recorded in RUN_DIR/restarts.jsonl."""
+    from orchestrator.node.rundir import RunDir
+    from orchestrator.supervise import RestartPolicy
+    return RestartPolicy(max_restarts).record(RunDir(run_dir), restart_count, "preempted (SLURM signal)",
+                                              by="slurm-requeue", slurm_job_id=job_id, counted=restart_count)
 
 
-def restart_history(run_dir: Path) -> list[dict]:
-    out = []
-    try:
-        text = (run_dir / "restarts.jsonl").read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
-
-
-def may_requeue(run_dir: Path, restart_count: int, max_restarts: int, job_id: str = "",
-                record: bool = True) -> tuple[bool, str]:
-    """Decide whether a preempted / timed-out run may be requeued; append the decision."""
-    step = latest_step(run_dir)
-    previous = [h for h in restart_history(run_dir) if h.get("decision") == "requeue"]
-    if restart_count >= max_restarts:
-        ok, why = False, f"restart budget spent ({restart_count} of slurm.max_restarts={max_restarts})"
-    elif previous and (step is None or (previous[-1].get("step") is not None and step <= previous[-1]["step"])):
-        ok, why = False, (f"no progress since the last restart (global step {step}, was {previous[-1].get('step')}):"
-                          " not requeuing a loop")
-    else:
-        ok, why = True, f"requeue {restart_count + 1} of {max_restarts} at global step {step}"
-    if record:
-        try:
-            with open(run_dir / "restarts.jsonl", "a") as f:
-                f.write(json.dumps({"t": time.time(), "slurm_job_id": job_id, "restart": restart_count,
-                                    "step": step, "decision": "requeue" if ok else "stop", "reason": why}) + "\n")
-        except OSError:
-            pass
-    return ok, why
+def note_external_requeue(run_dir: Path, restart_count: int, job_id: str) -> None:
+    """A run started by a requeue nobody here decided (`scontrol requeue`, a node failure): count it too, once."""
+    from orchestrator.node.rundir import AttemptRecord, RunDir
+    rd = RunDir(run_dir)
+    known = sum(1 for a in rd.attempts() if a.decision == "restart" and a.slurm_job_id in (job_id, ""))
+    if restart_count > known:
+        rd.append_attempt(AttemptRecord(t=time.time(), attempt=restart_count - 1, decision="restart",
+                                        reason="requeued by SLURM (scontrol requeue, or a node failure)",
+                                        step=rd.furthest_step(), by="slurm", slurm_job_id=job_id))
 
 
 # ------------------------------------------------------------------------------------- the task
@@ -89,9 +51,9 @@ def may_requeue(run_dir: Path, restart_count: int, max_restarts: int, job_id: st
 class AgentTask:
     """submitit callable: run this node's agent; checkpointable (see the module docstring)."""
 
-    def __init__(self, run_dir: str, python: str, max_restarts: int, save_wait_s: float = 60.0):
+    def __init__(self, run_dir: str, argv: list[str], max_restarts: int, save_wait_s: float = 60.0):
         self.run_dir = run_dir
-        self.python = python
+        self.argv = list(argv)  # the Submission's agent argv: exactly what `render` shows
         self.max_restarts = max_restarts
         self.save_wait_s = save_wait_s
         self._pid: int | None = None
@@ -99,7 +61,7 @@ class AgentTask:
         self._signals: list[int] = []
 
     def __getstate__(self) -> dict:
-        return {"run_dir": self.run_dir, "python": self.python, "max_restarts": self.max_restarts,
+        return {"run_dir": self.run_dir, "argv": self.argv, "max_restarts": self.max_restarts,
                 "save_wait_s": self.save_wait_s}
 
     def __setstate__(self, state: dict) -> None:
@@ -155,6 +117,7 @@ class AgentTask:
         signal.signal(signum, handler)
 
     def __call__(self) -> int:
+        os.umask(0o077)  # the logs and records this task and its agent write are owner-only
         run_dir = Path(self.run_dir)
         node = int(os.environ.get("SLURM_NODEID", "0"))
         restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
@@ -162,14 +125,17 @@ class AgentTask:
         log_path = run_dir / "logs" / f"node{node}.log"
         if restart > self.max_restarts:
             with open(log_path, "a") as log:
-                log.write(f"orchestrate: restart {restart} exceeds slurm.max_restarts={self.max_restarts}; giving up\n")
+                log.write(f"orchestrate: restart {restart} exceeds health.max_restarts={self.max_restarts}; "
+                          "giving up\n")
             os._exit(3)
+        if restart and node == 0:
+            note_external_requeue(run_dir, restart, os.environ.get("SLURM_JOB_ID", ""))
         for s in (signal.SIGUSR2, signal.SIGTERM):
             self._chain(s)
         with open(log_path, "ab", buffering=0) as log:
             log.write(f"orchestrate: SLURM job {os.environ.get('SLURM_JOB_ID')} node {node} "
                       f"({os.uname().nodename}), restart {restart}\n".encode())
-            proc = subprocess.Popen([self.python, "-m", "orchestrator.node.agent", self.run_dir],
+            proc = subprocess.Popen(self.argv,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         self._pid = proc.pid
         proc.returncode = 0  # we reap with os.waitpid; keep Popen's destructor quiet

@@ -1,13 +1,12 @@
-"""State and per-node I/O of one running SSH job (the launcher itself is launchers/ssh.py).
+"""A running SSH job and its per-node I/O (the launcher itself is orchestrator/launchers/ssh/launcher.py).
 
-Owns: `Node` (one host's agent: its channel, wrapper pid, recorded process groups, exit, output tail) and
-`Job` (the nodes, their connection pool, the event queue the launcher waits on, local heartbeat copies, the
-line sink), and what touches one job's nodes over their open connections: copying the run dir out
-(`copy_run_dir`, SFTP 0700/0600), the per-node output pump (`pump`: RUN_DIR/logs/node<R>.log, the tail,
-forwarded heartbeats), reading the agents' nodes/R/{agent,exit}.json, fetching them and the heartbeats back
-(`fetch_back`), asking each node which rank is stopped when the job hangs (`diagnose_hang`), and picking the
-root cause among the failed nodes. Every SFTP use holds the connection's one session exclusively
-(`with conn.sftp() as sftp`): paramiko's SFTPClient is not safe for concurrent requests.
+Owns: `Node` (one host's agent: its channel, wrapper pid, AgentRecord, exit, output tail) and `SSHJob` (the
+supervisor's view of the job: orchestrator.supervise.Running), and what touches one job's nodes over their open
+connections: copying the run dir out (`copy_run_dir`, SFTP 0700/0600), the per-node output pump (`pump`:
+RUN_DIR/logs/node<R>.log, the tail, forwarded heartbeats as events, the node's end), reading the agents' records,
+fetching them and the heartbeats back (`fetch_back`), the teardown of a node (`teardown_node`) and asking each node
+which rank is stopped when the job hangs (`diagnose`). Every SFTP use holds the connection's one session
+exclusively (`with conn.sftp() as sftp`): paramiko's SFTPClient is not safe for concurrent requests.
 """
 
 from __future__ import annotations
@@ -23,16 +22,17 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from orchestrator.core.health import HealthMonitor
+from orchestrator.launchers.ssh.remote import WRAPPER_MARK, describe_exit, teardown_command
+from orchestrator.node.agent import agent_argv
 from orchestrator.node.heartbeat import parse_forwarded
-from orchestrator.types import JobResult
-from orchestrator.launchers.ssh.remote import WRAPPER_MARK
-from orchestrator.supervise import PEER_HINTS
+from orchestrator.node.rundir import AgentRecord, ExitRecord, RunDir, parse_agent, parse_exit
+from orchestrator.supervise import Beat, Line, NodeEnded
 
 logger = logging.getLogger("orchestrate.ssh")
 TAIL_LINES = 20
+UNREACHABLE_S = 5.0  # a host silent this long to SSH keepalives is lost
 
 
 @dataclass
@@ -43,72 +43,121 @@ class Node:
     argv: tuple[str, ...] = ()
     chan: Any = None
     wrapper_pid: int | None = None
-    agent: dict[str, Any] = field(default_factory=dict)
+    agent: AgentRecord | None = None
     returncode: int | None = None
     exited_at: float | None = None
-    exit_record: dict[str, Any] | None = None
     torn_down_at: float | None = None
     pending: bytes = b""  # output read past the probe line, not yet processed
+    lost: str = ""  # why the node was given up (its host stopped answering)
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
     def pgids(self) -> list[int]:
-        out = []
-        for k in ("agent_pgid", "pgid"):
-            v = self.agent.get(k)
-            if isinstance(v, int) and v > 1 and v not in out:
-                out.append(v)
-        return out
+        return list(dict.fromkeys(self.agent.groups())) if self.agent else []
 
 
-class Job:
-    def __init__(self, job_id: str, local_run_dir: Path, nodes: list[Node], pool: Any, shared_fs: bool):
-        self.job_id = job_id
-        self.local_run_dir = local_run_dir
-        self.nodes = nodes
-        self.pool = pool
-        self.shared_fs = shared_fs
-        self.events: queue.Queue = queue.Queue()
-        self.state = "RUNNING"
-        self.result: JobResult | None = None
-        self._sink: Callable[[int, str], None] | None = None
-        self._pending: list[tuple[int, str]] = []
-        self._lock = threading.Lock()
-        self.teardown_started: float | None = None
-        self.cancel_reason = ""
-        self.hang = ""
-        self.monitor: HealthMonitor | None = None
+class SSHJob:
+    """A running SSH job as the supervisor sees it (orchestrator.supervise.Running): events from every node's output
+    pump (lines, forwarded heartbeats, the node's end with its agent's ExitRecord), and the actions it is told to
+    take (stop: the teardown program on every host, in the background, so a dead link never blocks; stopped_ranks:
+    `--diagnose` on every host with a short timeout)."""
+
+    decides_hangs_on_nodes = False
+
+    def __init__(self, job_id: str, run_dir: RunDir, nodes: list[Node], pool: Any, shared_fs: bool, python: str,
+                 handle: Any = None, grace: float = 2.0):
+        self.grace = grace
+        self.job_id, self.rd, self.node_list, self.pool, self.shared_fs = job_id, run_dir, nodes, pool, shared_fs
+        self.python = python
+        self.nodes = {n.rank: n.host for n in nodes}
+        self.handle = handle
+        self.q: queue.Queue = queue.Queue()
         self.hb_files: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
 
+    # ---------------------------------------------------------------- what the pumps report
     def heartbeat(self, rec: dict[str, Any]) -> None:
-        """Feed the health monitor and keep a local copy (status/plot work without a shared filesystem)."""
-        if self.monitor is not None:
-            self.monitor.feed(rec, time.time())
+        """A forwarded heartbeat: an event, and a local copy (status/plot work without a shared filesystem)."""
+        self.q.put(Beat(rec))
         if self.shared_fs or not isinstance(rec.get("rank"), int):
             return
-        fh = self.hb_files.get(rec["rank"])
-        if fh is None:
-            d = self.local_run_dir / "heartbeats"
-            d.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fh = self.hb_files[rec["rank"]] = open(d / f"rank{rec['rank']}.jsonl", "a")
-        fh.write(json.dumps(rec, sort_keys=True) + "\n")
-        fh.flush()
+        with self._lock:
+            fh = self.hb_files.get(rec["rank"])
+            if fh is None:
+                self.rd.mkdir(RunDir.HEARTBEATS)
+                path = self.rd.path(RunDir.heartbeat_rel(rec["rank"]))
+                fh = self.hb_files[rec["rank"]] = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                                                                    0o600), "a")
+            try:
+                fh.write(json.dumps(rec, sort_keys=True) + "\n")
+                fh.flush()
+            except OSError:
+                pass
 
     def emit(self, rank: int, line: str) -> None:
-        with self._lock:
-            if self._sink is None:
-                self._pending.append((rank, line))
-                return
-            sink = self._sink
-        sink(rank, line)
+        self.q.put(Line(rank, line))
 
-    def set_sink(self, sink: Callable[[int, str], None]) -> None:
+    def start(self) -> None:
+        for n in self.node_list:
+            for target, name in ((pump, "out"), (watch_agent, "agent")):
+                t = threading.Thread(target=target, args=(self, n), daemon=True, name=f"ssh-node{n.rank}-{name}")
+                t.start()
+                self._threads.append(t)
+        threading.Thread(target=self._watch_links, daemon=True, name="ssh-links").start()
+
+    def _watch_links(self) -> None:
+        """A host that leaves SSH keepalives unanswered for UNREACHABLE_S is lost, in every phase (start-up
+        included): its node ends as `lost`, so the supervisor names the host and stops the healthy ones at once."""
+        while not all(n.done.is_set() for n in self.node_list):
+            for n in self.node_list:
+                conn = self.pool.conns.get(n.host)
+                if n.done.is_set() or conn is None:
+                    continue
+                silent = conn.silent_for()
+                if silent >= UNREACHABLE_S:
+                    conn.dead = True
+                    n.lost = (f"host {n.host} stopped answering (no SSH keepalive reply for {silent:.0f} s): "
+                              "network down or host lost")
+                    n.done.set()
+                    self.q.put(NodeEnded(n.rank, n.host, None, "\n".join(n.tail), None, n.lost))
+            time.sleep(1.0)
+
+    # ---------------------------------------------------------------- Running
+    def events(self, timeout: float) -> list:
+        out = []
+        try:
+            out.append(self.q.get(timeout=timeout))
+            while True:
+                out.append(self.q.get_nowait())
+        except queue.Empty:
+            pass
+        return out
+
+    def stop(self, reason: str, grace: float, nodes: set[int] | None = None) -> None:
+        """TERM every selected node's process groups, KILL after the grace, close their stdin (the agents see EOF).
+        Each host in its own thread: an unreachable host delays nobody."""
+        for n in self.node_list:
+            if (nodes is None or n.rank in nodes) and not n.done.is_set():
+                n.torn_down_at = time.monotonic()
+                threading.Thread(target=teardown_node, args=(self, n, grace), daemon=True,
+                                 name=f"ssh-teardown{n.rank}").start()
+
+    def stopped_ranks(self) -> dict[int, int]:
+        return diagnose(self, self.python)
+
+    def close(self) -> None:
+        for n in self.node_list:
+            n.done.wait(timeout=2)
+        fetch_back(self)
         with self._lock:
-            pending, self._pending = self._pending, []
-            self._sink = sink
-        for rank, line in pending:
-            sink(rank, line)
+            for fh in self.hb_files.values():
+                try:
+                    fh.close()
+                except OSError:
+                    pass
+        self.pool.close()
 
 
 def copy_run_dir(conn: Any, local: Path, rels: list[str], remote: str) -> None:
@@ -147,14 +196,17 @@ def copy_with(sftp: Any, local: Path, rels: list[str], remote: str) -> None:
                 fh.write(f.read_bytes())
 
 
-def pump(job: Job, node: Node) -> None:
-    fd = os.open(job.local_run_dir / "logs" / f"node{node.rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+def pump(job: SSHJob, node: Node) -> None:
+    """One node's output -> RUN_DIR/logs/node<R>.log and events; at its end, a NodeEnded with the agent's record."""
+    fd = os.open(job.rd.log(node.rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     log = os.fdopen(fd, "ab", buffering=0)
     buf = node.pending  # what arrived after the probe line
     quiet_since = None
     try:
         node.chan.settimeout(0.2)
         while True:
+            if node.lost:
+                return  # given up (host unreachable): its end is already reported
             try:
                 data = node.chan.recv(65536)
             except socket.timeout:
@@ -179,19 +231,19 @@ def pump(job: Job, node: Node) -> None:
         rc = -1
     finally:
         log.close()
+    if node.lost:
+        return
     logger.debug("node %d on %s: output closed, exit status %s", node.rank, node.host, rc)
     recorded = read_exit(job, node)  # the agent's own record beats what the wrapper reports
-    if recorded is not None:
-        node.exit_record = recorded
-        rc = int(recorded.get("returncode", rc))
-    node.returncode = rc
+    node.returncode = recorded.returncode if recorded else rc
     node.exited_at = time.monotonic()
-    logger.debug("node %d on %s exited: %s (agent record: %s)", node.rank, node.host, rc, recorded)
+    lost = "" if recorded is not None else describe_exit(rc)[0] if rc is None or rc < 0 else (
+        "" if rc == 0 else f"the node agent ended ({describe_exit(rc)[0]}) without an exit record: killed or crashed")
     node.done.set()
-    job.events.put(node.rank)
+    job.q.put(NodeEnded(node.rank, node.host, node.returncode, "\n".join(node.tail), recorded, lost))
 
 
-def _line(job: Job, node: Node, raw: bytes, log: Any) -> None:
+def _line(job: SSHJob, node: Node, raw: bytes, log: Any) -> None:
     if not raw.strip():
         return
     text = raw.decode(errors="replace")
@@ -204,62 +256,73 @@ def _line(job: Job, node: Node, raw: bytes, log: Any) -> None:
     hb = parse_forwarded(text)
     if hb is not None:
         job.heartbeat(hb)
-        job.emit(node.rank, text)
         return
-    log.write(raw + b"\n")
+    try:
+        log.write(raw + b"\n")
+    except OSError:
+        pass  # a full disk: the line still streams
     node.tail.append(text)
     job.emit(node.rank, text)
 
 
-def read_exit(job: Job, node: Node) -> dict[str, Any] | None:
+def read_exit(job: SSHJob, node: Node) -> ExitRecord | None:
     """nodes/R/exit.json as the agent wrote it (None when it did not get that far)."""
     conn = job.pool.conns.get(node.host)
     if conn is None or not conn.alive:
         return None
     try:
-        with conn.sftp() as sftp, sftp.open(f"{node.run_dir}/nodes/{node.rank}/exit.json", "rb") as fh:
-            data = json.loads(fh.read().decode())
-        return data if isinstance(data, dict) and isinstance(data.get("returncode"), int) else None
+        with conn.sftp() as sftp, sftp.open(f"{node.run_dir}/{RunDir.node_rel(node.rank, 'exit.json')}", "rb") as fh:
+            return parse_exit(json.loads(fh.read().decode()))
     except Exception:  # noqa: BLE001 - missing file, connection gone
         return None
 
 
-def read_agent(job: Job, node: Node) -> bool:
-    """Fetch nodes/R/agent.json (pid, pgid) from the host once it exists."""
-    if node.agent:
+def read_agent(job: SSHJob, node: Node) -> bool:
+    """Fetch nodes/R/agent.json (pids, groups, token) from the host once it exists; keep a local copy."""
+    if node.agent is not None:
         return True
     try:
         with job.pool.conns[node.host].sftp() as sftp, \
-                sftp.open(f"{node.run_dir}/nodes/{node.rank}/agent.json", "rb") as fh:
-            node.agent = json.loads(fh.read().decode())
-    except (OSError, ValueError, KeyError, EOFError):
+                sftp.open(f"{node.run_dir}/{RunDir.node_rel(node.rank, 'agent.json')}", "rb") as fh:
+            rec = parse_agent(json.loads(fh.read().decode()))
+    except Exception:  # noqa: BLE001 - not there yet, or paramiko SSHException when the connection is gone
         return False
-    except Exception:  # noqa: BLE001 - paramiko SSHException when the connection is gone
+    if rec is None:
         return False
+    node.agent = rec
     if not job.shared_fs:
-        d = job.local_run_dir / "nodes" / str(node.rank)
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(d / "agent.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(node.agent))
-    job.emit(node.rank, f"orchestrate: {node.host} node/{node.rank} agent pid {node.agent.get('agent_pid')} "
-             f"pgid {node.agent.get('pgid')} (recorded in nodes/{node.rank}/agent.json)")
+        job.rd.write_agent(rec)
+    job.emit(node.rank, f"orchestrate: {node.host} node/{node.rank} agent pid {rec.agent_pid} pgid {rec.pgid} "
+             f"(recorded in nodes/{node.rank}/agent.json)")
     return True
 
 
-def exit_times(job: Job) -> dict[int, float]:
-    """When each node's launch ended, from the agents' exit.json (fetched back or shared)."""
-    out = {}
-    for n in job.nodes:
-        p = job.local_run_dir / "nodes" / str(n.rank) / "exit.json"
+def watch_agent(job: SSHJob, node: Node) -> None:
+    """Read the node's AgentRecord as soon as the agent wrote it (teardown needs its groups)."""
+    while not node.done.is_set() and not read_agent(job, node):
+        node.done.wait(0.25)
+
+
+def teardown_node(job: SSHJob, node: Node, grace: float) -> None:
+    read_agent(job, node)
+    conn = job.pool.conns.get(node.host)
+    if conn is not None and conn.alive:
+        t0 = time.monotonic()
         try:
-            out[n.rank] = float(json.loads(p.read_text())["time"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    return out
+            rc, out, err = conn.run(teardown_command(node.wrapper_pid, node.pgids, grace, job.python, node.run_dir,
+                                                     node.rank), timeout=2 * grace + 15)
+            logger.debug("teardown %s node %d: rc %s %r %r in %.2fs", node.host, node.rank, rc, out, err[-300:],
+                         time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001 - the host went away meanwhile
+            logger.debug("teardown %s node %d failed: %s", node.host, node.rank, e)
+    try:
+        if node.chan is not None and not node.done.is_set():
+            node.chan.shutdown_write()  # stdin EOF: the agent tears its node down by itself too
+    except Exception:  # noqa: BLE001
+        pass
 
 
-def fetch_back(job: Job) -> None:
+def fetch_back(job: SSHJob) -> None:
     """Bring nodes/R/{agent,exit}.json and heartbeats back to the local run dir (not shared_fs)."""
     if job.shared_fs:
         return
@@ -270,15 +333,15 @@ def fetch_back(job: Job) -> None:
         if conn is None or not conn.alive:
             return
         with conn.sftp() as sftp:
-            wanted = [f"nodes/{n.rank}/agent.json", f"nodes/{n.rank}/exit.json"]
+            wanted = [RunDir.node_rel(n.rank, "agent.json"), RunDir.node_rel(n.rank, "exit.json")]
             try:
                 wanted += [f"heartbeats/{f}" for f in sftp.listdir(f"{n.run_dir}/heartbeats")]
             except OSError:
                 pass
             for rel in wanted:
                 try:
-                    dst = job.local_run_dir / rel
-                    dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    dst = job.rd.path(rel)
+                    job.rd.mkdir(str(Path(rel).parent))
                     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                     with os.fdopen(fd, "wb") as fh:
                         sftp.getfo(f"{n.run_dir}/{rel}", fh)
@@ -291,20 +354,18 @@ def fetch_back(job: Job) -> None:
         pass
 
 
-def diagnose_hang(job: Job, stalls, python: str) -> str:
-    """Ask every node which of its ranks is stopped (and keep their stacks) before the teardown: the
-    stopped rank is the culprit; else the one silent longest."""
+def diagnose(job: SSHJob, python: str, timeout: float = 8.0) -> dict[int, int]:
+    """Ask every reachable node which of its ranks is stopped (the agent keeps their stacks in RUN_DIR/stacks/ on its
+    host) before the teardown. A host that does not answer within `timeout` is skipped: the teardown must not wait."""
     from orchestrator.launchers.ssh.transport import remote_command
     stopped: dict[int, int] = {}
 
-    def one(host: str) -> None:
-        n = node_at_host(job.nodes, host)
-        conn = job.pool.conns.get(host)
+    def one(node: Node) -> None:
+        conn = job.pool.conns.get(node.host)
         if conn is None or not conn.alive:
             return
-        cmd = remote_command([python, "-m", "orchestrator.node.agent", n.run_dir,
-                              "--node-rank", str(n.rank), "--diagnose"])
-        rc, out, _ = conn.run(cmd, timeout=30)
+        rc, out, _ = conn.run(remote_command(agent_argv(python, node.run_dir, node_rank=node.rank,
+                                                        action="diagnose")), timeout=timeout)
         for line in out.decode(errors="replace").splitlines():
             try:
                 for g, info in json.loads(line).get("ranks", {}).items():
@@ -312,25 +373,20 @@ def diagnose_hang(job: Job, stalls, python: str) -> str:
                         stopped[int(g)] = int(info["pid"])
             except (ValueError, AttributeError):
                 continue
+    threads = [threading.Thread(target=lambda n=n: _quietly(one, n), daemon=True) for n in job.node_list]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout + 1
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    return dict(stopped)
+
+
+def _quietly(fn, *args) -> None:
     try:
-        job.pool.map(one, [n.host for n in job.nodes])
-    except Exception:  # noqa: BLE001 - diagnosis is best effort; the teardown must happen regardless
-        pass
-    return job.monitor.culprit(stalls, stopped, time.time()) + "; stacks in RUN_DIR/stacks/ on each host"
-
-
-def pick_root_cause(failed: list[Node], exit_times: dict[int, float] | None = None) -> Node:
-    """The node that failed first (by the agents' exit times when every candidate has one, else by
-    when its connection reported the exit), unless it only reports a dead PEER and another does not."""
-    times = exit_times or {}
-    if len(failed) > 1 and all(n.rank in times for n in failed):
-        failed = sorted(failed, key=lambda n: times[n.rank])
-    first = failed[0]
-    if any(h in line for line in first.tail for h in PEER_HINTS):
-        for other in failed[1:]:
-            if not any(h in line for line in other.tail for h in PEER_HINTS):
-                return other
-    return first
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - diagnosis is best effort
+        logger.debug("diagnosis failed: %s", e)
 
 
 def node_at_host(nodes: list[Node], host: str) -> Node:

@@ -1,6 +1,6 @@
 """What runs on the remote hosts of the SSH backend and how it is invoked and read back.
 
-Owns: the node agent's remote argv (`agent_argv`) and the backend's one shell line around it (`agent_shell`,
+Owns: the backend's one shell line around the node agent's argv (node.agent.agent_argv) (`agent_shell`,
 which prints the wrapper's pid first), reading an agent's pre-flight answer off its channel (`await_probe`,
 `probe_failure` for one that ended without one), naming a remote exit status (`describe_exit`), and the fixed
 remote programs besides the node agent (teardown, scan) with their invocations. Nothing here contains user
@@ -15,17 +15,7 @@ import signal as _signal
 import socket
 from typing import Any
 
-AGENT_MODULE = "orchestrator.node.agent"
 WRAPPER_MARK = "@@orchestrate-wrapper "
-
-
-def agent_argv(python: str, run_dir: str, node_rank: int, module: str = AGENT_MODULE,
-               probe: dict[str, Any] | None = None) -> tuple[str, ...]:
-    """The agent's remote argv. With `probe` ({"workdir", "port", "check"}) it pre-flights its host first, prints
-    the result and starts only when the secrets line arrives (one exec per host for both)."""
-    argv = ("setsid", "-w", python, "-m", module, run_dir, "--node-rank", str(node_rank),
-            "--watch-stdin", "--secrets-stdin", "--forward-heartbeats")
-    return argv + (("--probe", json.dumps(probe, sort_keys=True)) if probe is not None else ())
 
 
 def agent_shell(argv: tuple[str, ...]) -> str:
@@ -135,8 +125,8 @@ def teardown_command(wrapper_pid: int | None, pgids: list[int], grace_s: float, 
     cmd = remote_command(["sh", "-c", TEARDOWN, "teardown", str(int(wrapper_pid or 0)), f"{grace_s:g}",
                           *[str(int(p)) for p in pgids if p and int(p) > 1]])
     if python and run_dir and rank is not None:
-        cmd += " ; " + remote_command([python, "-m", "orchestrator.node.agent", run_dir, "--node-rank", str(rank),
-                                       "--kill", "--grace", f"{grace_s:g}"])
+        from orchestrator.node.agent import agent_argv
+        cmd += " ; " + remote_command(agent_argv(python, run_dir, node_rank=rank, action="kill", grace=grace_s))
     return cmd
 
 

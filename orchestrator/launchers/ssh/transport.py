@@ -9,17 +9,23 @@ over already-open connections, SFTP, and `remote_command`, the only place a shel
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 import shlex
 import contextlib
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import paramiko
+
+# paramiko logs protocol oddities of a dying link ("Success for unrequested channel!") at ERROR: they reach nobody.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+from orchestrator.core.spec import SSHSpec
 
 POOL_THREADS = 16
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -34,30 +40,12 @@ class HostError(Exception):
         super().__init__(f"{host}: {cause}")
 
 
-@dataclass(frozen=True)
-class SSHOptions:
-    port: int = 22
-    user: str | None = None
-    key: str = "~/.ssh/id_ed25519"
-    known_hosts: str = "~/.ssh/known_hosts"
-    strict_host_keys: bool = True
-    connect_timeout: float = 10.0
-
-    @classmethod
-    def from_spec(cls, ssh: Any) -> "SSHOptions":
-        """From a ClusterSpec.ssh block (or anything with those attributes / keys)."""
-        get = (lambda k, d: ssh.get(k, d)) if isinstance(ssh, Mapping) else (lambda k, d: getattr(ssh, k, d))
-        return cls(port=int(get("port", 22)), user=get("user", None), key=str(get("key", cls.key)),
-                   known_hosts=str(get("known_hosts", cls.known_hosts)),
-                   strict_host_keys=bool(get("strict_host_keys", True)),
-                   connect_timeout=float(get("connect_timeout", 10.0)))
-
-    @property
-    def login(self) -> str:
-        if self.user:
-            return self.user
-        import getpass
-        return getpass.getuser()
+def login(ssh: SSHSpec) -> str:
+    """The remote user: the cluster's `ssh.user`, else the local user (as ssh does)."""
+    if ssh.user:
+        return ssh.user
+    import getpass
+    return getpass.getuser()
 
 
 def known_hosts_name(host: str, port: int) -> str:
@@ -150,10 +138,34 @@ class Connection:
         self.timeout = timeout
         self._sftp: paramiko.SFTPClient | None = None
         self._sftp_lock = threading.RLock()
+        self.dead = False  # set when the host stopped answering: nothing more is tried on this connection
+        self._probe: tuple[float, threading.Event] | None = None
 
     @property
     def alive(self) -> bool:
-        return self.transport.is_active()
+        return not self.dead and self.transport.is_active()
+
+    def silent_for(self) -> float:
+        """Seconds the host has left an SSH keepalive unanswered (0 while it answers). Non-blocking: one request
+        is in flight at a time, in a thread of its own (a dropped link never blocks the caller)."""
+        if self.dead:
+            return float("inf")
+        now = time.monotonic()
+        if self._probe is not None:
+            started, answered = self._probe
+            if not answered.is_set():
+                return now - started
+        answered = threading.Event()
+        self._probe = (now, answered)
+
+        def ask() -> None:
+            try:
+                self.transport.global_request("keepalive@openssh.com", wait=True)  # any reply will do
+            except Exception:  # noqa: BLE001 - a closed transport answers nothing
+                return
+            answered.set()
+        threading.Thread(target=ask, daemon=True, name=f"keepalive-{self.host}").start()
+        return 0.0
 
     def open(self, command: str, *, combine_stderr: bool = False) -> paramiko.Channel:
         chan = self.transport.open_session(timeout=self.timeout)
@@ -213,11 +225,12 @@ def _read_all(recv: Callable[[int], bytes]) -> bytes:
 class Pool:
     """Connections to many hosts, made and used by a small thread pool (fan-out is CPU-bound)."""
 
-    def __init__(self, options: SSHOptions, threads: int = POOL_THREADS):
+    def __init__(self, options: SSHSpec, threads: int = POOL_THREADS):
+        """`options`: the cluster's ssh block (port, user, key, known_hosts, strict_host_keys, connect_timeout)."""
         self.options = options
         self.host_keys = HostKeys(options.known_hosts, options.strict_host_keys)
         self.pkey = load_client_key(options.key)
-        self.user = options.login
+        self.user = login(options)
         self.threads = threads
         self.conns: dict[str, Connection] = {}
         self._lock = threading.Lock()
@@ -283,7 +296,7 @@ class Pool:
         if len(hosts) <= 1:
             return {h: safe(h) for h in hosts}
         with ThreadPoolExecutor(min(self.threads, len(hosts)), thread_name_prefix="ssh") as ex:
-            return dict(zip(hosts, ex.map(safe, hosts)))
+            return dict(zip(hosts, ex.map(safe, hosts), strict=True))
 
     def connect_all(self, hosts: Iterable[str]) -> dict[str, Connection | Exception]:
         return self.map(self.connect, hosts)

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Cost of the zero-code hooks (orchestrator/node/hooks) on a training step (not CI).
+
+1. in-process, paired: the same plain torch loop (AdamW, one process) in blocks of --block steps, alternately
+   with torch's global optimizer-step post hook (orchestrate_hooks._optimizer_stepped, writing real records to a
+   temporary heartbeat dir) registered and removed (ABBA order, --pairs pairs); per pair the relative step-time
+   difference, reported as median and mean. Also the hook's self-timed cost per step (perf_counter inside the
+   hook) over the measured step time. For two model sizes: --widths (MLP 32->W->1: W=64 is a ~0.2 ms step, the
+   worst case; W=2048 a few ms) and heartbeat buffering off (FLUSH_S=0, every record written at once) and on
+   (the default 0.5 s).
+2. end-to-end, paired: tests/own_code/train_plain.py as separate processes (single rank, RANK=0), with the hooks
+   directory on PYTHONPATH + ORCHESTRATE_HEARTBEAT_DIR vs without, alternating; its training-loop wall time.
+
+    .venv/bin/python bench/bench_hooks.py [--pairs 20] [--block 200] [--widths 64,2048] [--e2e 6] [--e2e-steps 2000]
+
+Writes bench/results/hooks.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from orchestrator.node.hooks import HOOKS_DIR  # noqa: E402
+
+
+def _block(model, opt, x, y, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        loss = (model(x) - y).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return (time.perf_counter() - t0) / n
+
+
+def in_process(width: int, pairs: int, block: int, flush_s: float, hb_dir: str) -> dict:
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from orchestrator.node.hooks import orchestrate_heartbeat as hb
+    from orchestrator.node.hooks import orchestrate_hooks as hooks
+
+    hb.FLUSH_S = flush_s
+    hb._hook = None
+    s0 = hooks._OptimizerSteps
+    s0.first, s0.steps, s0.calls, s0.overhead_s = None, 0, 0, 0.0
+    os.environ["ORCHESTRATE_HEARTBEAT_DIR"] = hb_dir
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(16, 32), torch.randn(16, 1)
+    _block(model, opt, x, y, block)  # warm-up
+    on_t, off_t, rel = [], [], []
+    for i in range(pairs):
+        pair = {}
+        for with_hook in ((True, False) if i % 2 == 0 else (False, True)):
+            handle = register_optimizer_step_post_hook(hooks._optimizer_stepped) if with_hook else None
+            pair[with_hook] = _block(model, opt, x, y, block)
+            if handle is not None:
+                handle.remove()
+        on_t.append(pair[True])
+        off_t.append(pair[False])
+        rel.append(pair[True] / pair[False] - 1.0)
+    s = hooks.stats()
+    w = hb._hook
+    hook_s = s["hook_overhead_s"]
+    return {"width": width, "flush_s": flush_s, "pairs": pairs, "block": block,
+            "step_ms_without": round(statistics.median(off_t) * 1e3, 4),
+            "step_ms_with": round(statistics.median(on_t) * 1e3, 4),
+            "paired_overhead_median": round(statistics.median(rel), 5),
+            "paired_overhead_mean": round(statistics.mean(rel), 5),
+            "paired_overhead_stdev": round(statistics.stdev(rel), 5) if len(rel) > 1 else None,
+            "hook_self_us_per_step": round(hook_s / max(1, s["hook_calls"]) * 1e6, 3),
+            "hook_self_frac": round(hook_s / (sum(on_t) * block), 6),
+            "records": s["records"], "os_writes": w.writes if w else 0}
+
+
+def end_to_end(runs: int, steps: int, width: int) -> dict:
+    script = REPO / "tests" / "own_code" / "train_plain.py"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("ORCHESTRATE_", "RANK", "LOCAL_RANK"))}
+    times: dict[bool, list[float]] = {True: [], False: []}
+    rel = []
+    for i in range(runs):
+        pair = {}
+        for hooked in ((True, False) if i % 2 == 0 else (False, True)):
+            with tempfile.TemporaryDirectory() as d:
+                env = dict(base, RANK="0", OMP_NUM_THREADS="1")
+                if hooked:
+                    env.update(PYTHONPATH=HOOKS_DIR, ORCHESTRATE_HEARTBEAT_DIR=d)
+                p = subprocess.run([sys.executable, str(script), str(steps), "--width", str(width)], env=env, cwd=d,
+                                   capture_output=True, text=True, check=True)
+                res = json.loads(p.stdout.split("PLAIN_RESULT ", 1)[1])
+                if hooked:
+                    n = sum(1 for _ in open(os.path.join(d, "rank0.jsonl")))
+                    assert n == steps + 1, n  # boot + one record per step
+            pair[hooked] = res["loop_s"]
+            times[hooked].append(res["loop_s"])
+        rel.append(pair[True] / pair[False] - 1.0)
+    return {"runs": runs, "steps": steps, "width": width,
+            "loop_s_without": round(statistics.median(times[False]), 4),
+            "loop_s_with": round(statistics.median(times[True]), 4),
+            "paired_overhead_median": round(statistics.median(rel), 5),
+            "paired_overhead_mean": round(statistics.mean(rel), 5)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--block", type=int, default=200)
+    ap.add_argument("--widths", default="64,2048")
+    ap.add_argument("--e2e", type=int, default=6, help="end-to-end pairs (0: skip)")
+    ap.add_argument("--e2e-steps", type=int, default=2000)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "hooks.json"))
+    a = ap.parse_args()
+    out = {"in_process": [], "end_to_end": None}
+    with tempfile.TemporaryDirectory() as d:
+        for width in (int(w) for w in a.widths.split(",")):
+            for flush_s in (0.0, 0.5):
+                r = in_process(width, a.pairs, a.block, flush_s, os.path.join(d, f"w{width}_f{flush_s}"))
+                print(json.dumps(r), flush=True)
+                out["in_process"].append(r)
+    if a.e2e:
+        out["end_to_end"] = end_to_end(a.e2e, a.e2e_steps, 64)
+        print(json.dumps(out["end_to_end"]), flush=True)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""The run directory of a job: every path, every record, one writer each (submitit's `JobPaths` is the model).
+
+```
+RUN_DIR/plan.json                    LaunchPlan (written by the submitter)
+RUN_DIR/recipe.yaml                  the resolved recipe (submitter)
+RUN_DIR/cluster.json, handle.json    the cluster spec and the backend's handle (submitter; cancel/status from
+                                     another process rebuild the launcher from them)
+RUN_DIR/cancel.json                  a cancel request (from orchestrate cancel), read by the supervisor
+RUN_DIR/restarts.jsonl               one AttemptRecord per restart decision (supervisor, or the SLURM task)
+RUN_DIR/job.sbatch, slurm_job_id     SLURM only
+RUN_DIR/nodes/<R>/accelerate.yaml    node R's accelerate config (node agent, at launch)
+RUN_DIR/nodes/<R>/command.txt        what node R runs, env with secrets masked (submitter, for humans)
+RUN_DIR/nodes/<R>/agent.json         AgentRecord: pids, groups, host, launch token (node agent)
+RUN_DIR/nodes/<R>/exit.json          ExitRecord: how node R's launch ended and why (node agent)
+RUN_DIR/logs/node<R>.log             node R's output (the backend)
+RUN_DIR/heartbeats/rank<G>.jsonl     per-rank heartbeat records, docs/CONTRACT.md (the ranks)
+RUN_DIR/stacks/rank<G>.txt           py-spy stacks of a hung job's ranks (node agent / supervisor)
+```
+
+Paths in the plan are relative to the run dir (`RUN_DIR_VAR`), bound here (`bind`), so nothing is rewritten
+on a node whose run dir sits elsewhere. Every write is atomic (temp file + rename) and owner-only (0600 files,
+0700 directories). Readers get typed, frozen records with one default for every missing field.
+Standard library only: it runs on every node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Iterator
+
+from orchestrator.core.jobplan import RUN_DIR_VAR  # the plan's paths start with it; `RunDir.bind` binds it
+
+
+def _from(cls, data: Any):
+    """Build a record from a dict, ignoring unknown keys and keeping the class defaults for missing ones."""
+    if not isinstance(data, dict):
+        return None
+    names = {f.name for f in fields(cls)}
+    try:
+        return cls(**{k: v for k, v in data.items() if k in names})
+    except TypeError:
+        return None
+
+
+@dataclass(frozen=True)
+class AgentRecord:
+    """nodes/<R>/agent.json: what a node agent started (written once, when the launch has started)."""
+
+    node_rank: int
+    host: str = ""
+    agent_pid: int = 0
+    agent_pgid: int = 0
+    pid: int = 0  # the launch (`accelerate launch`) process; it leads its own group
+    pgid: int = 0
+    main_ip: str = ""
+    started: float = 0.0
+    agent_proc_start: float | None = None
+    token: str = ""  # ORCHESTRATE_JOB_TOKEN of every process of the launch (ranks live in sessions of their own)
+
+    def groups(self) -> list[int]:
+        return [g for g in (self.pgid, self.agent_pgid) if isinstance(g, int) and g > 1]
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """nodes/<R>/exit.json: how a node's launch ended (written once, by its agent, when everything is gone)."""
+
+    returncode: int  # what the node reports: 0 = done (or preempted after saving), else the failure
+    time: float = 0.0  # wall clock when the launch had ended
+    signal: int | None = None  # the launch died of this signal
+    launch_returncode: int | None = None  # the raw code of `accelerate launch`
+    stop_reason: str = ""  # why the agent stopped the launch ("" = it ended by itself)
+    preempted: bool = False  # every rank saved a checkpoint on a preemption signal and stopped
+    hang: str | None = None  # the agent's own hang verdict (SLURM: in-allocation monitor)
+    rank_death: str | None = None  # "rank 1 (pid N) died of SIGKILL (exit -9) before finishing"
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One line of restarts.jsonl: a decision to restart (or not) after an attempt ended."""
+
+    t: float
+    attempt: int  # the attempt that just ended (0 = the first run)
+    decision: str  # restart | stop
+    reason: str  # why the attempt ended, and why this decision
+    step: int | None = None  # the furthest global step reached so far
+    by: str = "supervisor"  # supervisor | slurm-requeue
+    slurm_job_id: str = ""
+
+
+class RunDir:
+    """One job's run directory; `RunDir(path)` names it, nothing is created until something is written."""
+
+    PLAN, RECIPE, CLUSTER, HANDLE, CANCEL = "plan.json", "recipe.yaml", "cluster.json", "handle.json", "cancel.json"
+    RESTARTS, SBATCH, SLURM_JOB_ID = "restarts.jsonl", "job.sbatch", "slurm_job_id"
+    LOGS, HEARTBEATS, STACKS, NODES = "logs", "heartbeats", "stacks", "nodes"
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    # ----------------------------------------------------------------------------------- relative paths
+    @staticmethod
+    def node_rel(rank: int, name: str) -> str:
+        return f"nodes/{rank}/{name}"
+
+    @staticmethod
+    def log_rel(rank: int) -> str:
+        return f"logs/node{rank}.log"
+
+    @staticmethod
+    def heartbeat_rel(rank: int) -> str:
+        return f"heartbeats/rank{rank}.jsonl"
+
+    # ----------------------------------------------------------------------------------- paths
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def node_dir(self, rank: int) -> Path:
+        return self.root / self.NODES / str(rank)
+
+    def accelerate_config(self, rank: int) -> Path:
+        return self.path(self.node_rel(rank, "accelerate.yaml"))
+
+    def agent_file(self, rank: int) -> Path:
+        return self.path(self.node_rel(rank, "agent.json"))
+
+    def exit_file(self, rank: int) -> Path:
+        return self.path(self.node_rel(rank, "exit.json"))
+
+    def log(self, rank: int) -> Path:
+        return self.path(self.log_rel(rank))
+
+    @property
+    def heartbeats(self) -> Path:
+        return self.root / self.HEARTBEATS
+
+    @property
+    def stacks(self) -> Path:
+        return self.root / self.STACKS
+
+    def bind(self, argv) -> list[str]:
+        """The plan's argv with RUN_DIR_VAR replaced by this run dir (the one place a plan path is bound)."""
+        return [str(self.root) + a[len(RUN_DIR_VAR):] if a.startswith(RUN_DIR_VAR) else a for a in argv]
+
+    # ----------------------------------------------------------------------------------- writing
+    def mkdir(self, rel: str = "") -> Path:
+        d = self.root / rel if rel else self.root
+        missing = []
+        p = d
+        while not p.exists():
+            missing.append(p)
+            p = p.parent
+        for m in reversed(missing):
+            try:
+                m.mkdir(mode=0o700)
+            except FileExistsError:
+                pass
+        for m in missing or ([d] if d == self.root else []):
+            try:
+                os.chmod(m, 0o700)
+            except OSError:
+                pass
+        return d
+
+    def write_text(self, rel: str, text: str) -> Path:
+        """Atomic, owner-only write of one file of the run dir."""
+        path = self.root / rel
+        self.mkdir(str(Path(rel).parent) if Path(rel).parent != Path(".") else "")
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return path
+
+    def write_json(self, rel: str, data: Any) -> Path:
+        return self.write_text(rel, json.dumps(data, sort_keys=True, default=str) + "\n")
+
+    def append_line(self, rel: str, line: str) -> None:
+        self.mkdir(str(Path(rel).parent))
+        fd = os.open(self.root / rel, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, (line.rstrip("\n") + "\n").encode())
+        finally:
+            os.close(fd)
+
+    def write_files(self, files: dict[str, str]) -> None:
+        for rel, text in sorted(files.items()):
+            self.write_text(rel, text)
+
+    def write_agent(self, rec: AgentRecord) -> None:
+        self.write_json(self.node_rel(rec.node_rank, "agent.json"), asdict(rec))
+
+    def write_exit(self, rank: int, rec: ExitRecord) -> None:
+        self.write_json(self.node_rel(rank, "exit.json"), asdict(rec))
+
+    def append_attempt(self, rec: AttemptRecord) -> None:
+        self.append_line(self.RESTARTS, json.dumps(asdict(rec), sort_keys=True))
+
+    def request_cancel(self, by: str) -> None:
+        self.write_json(self.CANCEL, {"by": by, "t": time.time()})
+
+    # ----------------------------------------------------------------------------------- reading
+    def _json(self, rel: str) -> Any:
+        try:
+            return json.loads((self.root / rel).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def read_plan(self):
+        from orchestrator.core.jobplan import LaunchPlan
+        return LaunchPlan.from_json((self.root / self.PLAN).read_text())
+
+    def read_json(self, rel: str) -> Any:
+        return self._json(rel)
+
+    def agent(self, rank: int) -> AgentRecord | None:
+        return parse_agent(self._json(self.node_rel(rank, "agent.json")))
+
+    def exit(self, rank: int) -> ExitRecord | None:
+        return parse_exit(self._json(self.node_rel(rank, "exit.json")))
+
+    def node_ranks(self) -> list[int]:
+        d = self.root / self.NODES
+        return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+    def agents(self) -> dict[int, AgentRecord]:
+        out = {}
+        for r in self.node_ranks():
+            a = self.agent(r)
+            if a is not None:
+                out[r] = a
+        return out
+
+    def cancel_request(self) -> dict | None:
+        d = self._json(self.CANCEL)
+        return d if isinstance(d, dict) else None
+
+    def attempts(self) -> list[AttemptRecord]:
+        out = []
+        try:
+            text = (self.root / self.RESTARTS).read_text()
+        except OSError:
+            return out
+        for line in text.splitlines():
+            try:
+                rec = _from(AttemptRecord, json.loads(line))
+            except ValueError:
+                continue
+            if rec is not None:
+                out.append(rec)
+        return out
+
+    def log_tail(self, rank: int, lines: int = 60) -> str:
+        try:
+            with open(self.log(rank), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 16384))
+                data = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(data.replace("\r", "\n").splitlines()[-lines:])
+
+    def iter_log(self, rank: int) -> Iterator[str]:
+        try:
+            with open(self.log(rank), errors="replace") as fh:
+                for line in fh:
+                    yield line.rstrip("\n")
+        except OSError:
+            return
+
+    def log_ranks(self) -> list[int]:
+        d = self.root / self.LOGS
+        out = []
+        for p in d.glob("node*.log") if d.is_dir() else []:
+            try:
+                out.append(int(p.stem[4:]))
+            except ValueError:
+                continue
+        return sorted(out)
+
+    def furthest_step(self) -> int | None:
+        """The highest global step any rank reported (restart progress)."""
+        best = None
+        d = self.heartbeats
+        for f in sorted(d.glob("rank*.jsonl")) if d.is_dir() else []:
+            try:
+                lines = f.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                try:
+                    step = json.loads(line).get("step")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(step, int) and (best is None or step > best):
+                    best = step
+        return best
+
+
+def parse_agent(data: Any) -> AgentRecord | None:
+    return _from(AgentRecord, data) if isinstance(data, dict) and isinstance(data.get("node_rank"), int) else None
+
+
+def parse_exit(data: Any) -> ExitRecord | None:
+    return _from(ExitRecord, data) if isinstance(data, dict) and isinstance(data.get("returncode"), int) else None

@@ -1,0 +1,51 @@
+"""The rank program of the fault suite (never imports orchestrator): joins the gloo group `accelerate launch` set
+up, then steps (an all-reduce per step), writing one heartbeat per step in the contract's format with its own host
+name, and writes its pid so a test can signal it. Modes: `loop`; `exit:R:C`: rank R calls sys.exit(C) at step 5;
+`restart:S`: the first attempt (counted in OUT/attempts) fails on rank 1 at step 5, the next sleeps S seconds before
+its first step (a start-up slower than the stall timeout) and finishes at step 10."""
+
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+out_dir, mode = sys.argv[1], sys.argv[2]
+rank = int(os.environ["RANK"])
+with open(os.path.join(out_dir, f"pid{rank}"), "w") as f:
+    f.write(str(os.getpid()))
+dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=120))
+t = torch.tensor([1.0])
+hb = open(os.path.join(os.environ["ORCHESTRATE_HEARTBEAT_DIR"], f"rank{rank}.jsonl"), "a")
+host = socket.gethostname()
+step = 0
+attempt = 1
+if mode.startswith("restart:"):
+    counter = os.path.join(out_dir, "attempts")
+    dist.barrier()
+    if rank == 0:
+        attempt = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
+        open(counter, "w").write(str(attempt))
+    dist.barrier()
+    attempt = int(open(counter).read())
+    if attempt > 1:
+        time.sleep(float(mode.split(":")[1]))
+while True:
+    dist.all_reduce(t)
+    step += 1
+    hb.write(json.dumps({"t": time.time(), "rank": rank, "host": host, "step": step, "max_steps": None,
+                         "loss": 1.0 / step, "tokens": step, "event": "step"}) + "\n")
+    hb.flush()
+    if mode.startswith("exit:") and rank == int(mode.split(":")[1]) and step == 5:
+        print(f"fault probe: rank {rank} exits on purpose", flush=True)
+        sys.exit(int(mode.split(":")[2]))
+    if mode.startswith("restart:") and attempt == 1 and rank == 1 and step == 5:
+        sys.exit(4)
+    if mode.startswith("restart:") and attempt > 1 and step == 10:
+        break
+    time.sleep(0.05)
+dist.barrier()
+dist.destroy_process_group()

@@ -1,0 +1,163 @@
+"""One fault suite, three backends: the same faults (a rank SIGKILLed, a rank SIGSTOPped, a rank calling
+sys.exit(3)) on 2 nodes x 1 rank of real `accelerate launch` under the real node agents, on this machine (local),
+over real sshd hosts (ssh) and on the real SLURM testbed (slurm). The one supervisor must reach the same end state
+and the same root-cause text on every backend (host names, pids and numbers aside), and leave no process behind."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import jobrun
+from helpers import wait_gone, wait_until
+from orchestrator import api
+from orchestrator.core.render import render_files
+from orchestrator.node.proctools import marked
+from orchestrator.node.rundir import RunDir
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = Path(__file__).with_name("fault_probe.py")
+STALL = 4.0
+
+EXPECTED = {  # fault -> (end state, returncode, canonical root cause prefix)
+    "exit3": ("FAILED", 3, "node N (HOST) failed: rank N (pid N) exited with code N (exit N); node exit code N"),
+    "sigkill": ("FAILED", 137, "node N (HOST) failed: rank N (pid N) died of SIGKILL (exit -N); "
+                               "node signal SIGKILL (exit N)"),
+    "sigstop": ("FAILED", 124, "rank N on HOST hung: no heartbeat for Ns during training (limit Ns), last step N "
+                               "(process N is stopped)"),
+}
+
+
+def canonical(text: str, hosts: list[str]) -> str:
+    for h in sorted(set(hosts), key=len, reverse=True):
+        if h:
+            text = text.replace(h, "HOST")
+    text = re.split(r" \| |; stacks|; ranks | \(crash", text)[0]
+    return re.sub(r"\d+", "N", text)
+
+
+def _recipe(tmp: Path) -> Path:
+    import yaml
+    p = tmp / "faults.yaml"
+    p.write_text(yaml.safe_dump({
+        "recipe": "sft", "model": {"name_or_path": "tiny-llama"},
+        "data": {"path": str(REPO / "recipes" / "data" / "sft_tiny.jsonl")}, "trainer": {"max_steps": 5},
+        "health": {"stall_timeout": STALL, "startup_timeout": 120, "poll_interval": 0.5, "max_restarts": 0}}))
+    return p
+
+
+def _prepared(backend: str, tmp: Path, request):
+    """(launcher, plan, hosts) of a 2-node probe job on `backend`, its run dir written."""
+    overrides: list[str] = []
+    cluster_file = None
+    if backend == "ssh":
+        tb = request.getfixturevalue("fault_sshd")
+        cluster_file = tmp / "ssh.yaml"
+        import yaml
+        cluster_file.write_text(yaml.safe_dump({"kind": "ssh", "name": "faultlab", "accelerator": "cpu",
+                                                "network_interface": "lo",
+                                                "ssh": tb.ssh_block(hosts=tb.hosts[:2])}))
+    elif backend == "slurm":
+        request.getfixturevalue("fault_slurm")
+        from slurm_helpers import WORK
+        cluster_file = REPO / "cluster_configs" / "slurm_local.yaml"
+        overrides = [f"cluster.slurm.python={sys.executable}", f"cluster.slurm.workdir={WORK}"]
+    prep = api.prepare(str(_recipe(tmp)), str(cluster_file) if cluster_file else None, nodes=2, cwd=tmp,
+                       overrides=overrides, check_trainer=False)
+    out = Path(prep.plan.run_dir).parent / (prep.plan.job_id + "-out")
+    out.mkdir(parents=True, exist_ok=True)
+    return prep, out
+
+
+@pytest.mark.health
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+@pytest.mark.parametrize("backend", ["local", "ssh", "slurm"])
+def test_same_fault_same_verdict_on_every_backend(backend, fault, tmp_path, request, job_guard):
+    prep, out = _prepared(backend, tmp_path, request)
+    mode = "exit:1:3" if fault == "exit3" else "loop"
+    plan = dataclasses.replace(prep.plan, node_plans=tuple(
+        dataclasses.replace(n, command=n.command[:5] + (str(PROBE), str(out), mode)) for n in prep.plan.node_plans))
+    rd = RunDir(plan.run_dir)
+    api.write_files(render_files(plan, prep.recipe.to_dict()), rd.root)
+    job_guard.run_dir(rd.root)
+    from orchestrator.launchers import launcher_for
+    launcher = launcher_for(prep.cluster)
+    t0 = time.monotonic()
+    job = jobrun.start(launcher, plan, rd.root)
+    wait_until(lambda: (out / "pid1").exists() and rd.furthest_step() and rd.furthest_step() >= 3, 180, 0.1,
+               f"{backend}: both ranks stepping")
+    victim = int((out / "pid1").read_text())
+    tokens = [job_guard.token(a.token) for a in rd.agents().values()]
+    if fault == "sigkill":
+        os.kill(victim, signal.SIGKILL)
+    elif fault == "sigstop":
+        os.kill(victim, signal.SIGSTOP)
+    t_fault = time.monotonic()
+    res = job.result(240)
+    took = time.monotonic() - t_fault
+    hosts = [a.host for a in rd.agents().values()] + [n.host for n in plan.node_plans] + ["localhost"]
+    state, code, text = EXPECTED[fault]
+    print(f"{backend}/{fault}: {res.state} {res.returncode} after {took:.1f}s (job {time.monotonic() - t0:.1f}s): "
+          f"{res.root_cause[:300]}")
+    assert (res.state, res.returncode) == (state, code), res
+    assert canonical(res.root_cause, hosts) == text, res.root_cause
+    if fault == "sigstop":
+        assert res.hung and took < STALL + 20, took
+    else:
+        assert took < 15, took
+    gone = wait_gone(lambda: [p for t in tokens if t for p in marked(t)], 20)
+    print(f"{backend}/{fault}: every process of the job gone {gone:.2f}s after the verdict")
+    roots = [rd.root] + ([Path(request.getfixturevalue("fault_sshd").dir) / "work"] if backend == "ssh" else [])
+    loose = [f"{p} {oct(p.stat().st_mode & 0o777)}" for root in roots for p in [root, *root.rglob("*")]
+             if p.exists() and not p.is_symlink() and p.stat().st_mode & 0o077]
+    assert not loose, "not owner-only: " + ", ".join(loose[:10])
+    if fault == "sigstop":
+        assert (rd.stacks / "rank1.txt").exists() or backend == "ssh", "the stopped rank's stack was not kept"
+
+
+# ------------------------------------------------------------------------------------------------ testbeds
+
+@pytest.fixture(scope="session")
+def fault_sshd(tmp_path_factory):
+    sys.path.insert(0, str(REPO / "scripts"))
+    import sshd_hosts
+    why = sshd_hosts.prerequisites()
+    if why:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"SSH testbed prerequisite missing under CI: {why}")
+        pytest.skip(f"SSH testbed unavailable: {why}")
+    d = tmp_path_factory.mktemp("fault-sshd")
+    tb = sshd_hosts.up(2, d, base_ip="127.0.12.2", port=2223)
+    yield tb
+    sshd_hosts.down(d)
+
+
+@pytest.fixture(scope="session")
+def fault_slurm():
+    sys.path.insert(0, str(REPO / "tests" / "slurm"))
+    import subprocess
+    from slurm_helpers import CLUSTER_DIR, NODES, SCRIPT, WORK, unavailable
+    why = unavailable()
+    if why:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but {why}")
+        pytest.skip(why)
+    env = dict(os.environ, ORCHESTRATE_SLURM_DIR=CLUSTER_DIR)
+    was_up = subprocess.run([str(SCRIPT), "status"], env=env, capture_output=True, text=True).returncode == 0
+    if not was_up:
+        r = subprocess.run([str(SCRIPT), "up", "--nodes", str(NODES)], env=env, capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode != 0:
+            pytest.fail(f"slurm_cluster.sh up failed:\n{r.stdout}\n{r.stderr}")
+    os.environ["SLURM_CONF"] = f"{CLUSTER_DIR}/etc/slurm.conf"
+    WORK.mkdir(parents=True, exist_ok=True)
+    yield
+    if not was_up and os.environ.get("ORCHESTRATE_SLURM_KEEP") != "1":
+        subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=120)
