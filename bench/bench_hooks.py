@@ -8,10 +8,14 @@
    hook) over the measured step time. For two model sizes: --widths (MLP 32->W->1: W=64 is a ~0.2 ms step, the
    worst case; W=2048 a few ms) and heartbeat buffering off (FLUSH_S=0, every record written at once) and on
    (the default 0.5 s).
-2. end-to-end, paired: tests/own_code/train_plain.py as separate processes (single rank, RANK=0), with the hooks
+2. HF Trainer, paired: the tiny Llama on the shipped chat data (as tests/own_code/train_hf.py), one process,
+   --trainer-steps steps per run, alternately with the hooks' Trainer callbacks (heartbeat + save-on-signal,
+   records to a temporary dir) and without; train_runtime per run, and the heartbeat callback's self-timed cost.
+3. end-to-end, paired: tests/own_code/train_plain.py as separate processes (single rank, RANK=0), with the hooks
    directory on PYTHONPATH + ORCHESTRATE_HEARTBEAT_DIR vs without, alternating; its training-loop wall time.
 
-    .venv/bin/python bench/bench_hooks.py [--pairs 20] [--block 200] [--widths 64,2048] [--e2e 6] [--e2e-steps 2000]
+    .venv/bin/python bench/bench_hooks.py [--pairs 20] [--block 200] [--widths 64,2048] [--trainer 8]
+        [--trainer-steps 100] [--e2e 6] [--e2e-steps 2000]
 
 Writes bench/results/hooks.json.
 """
@@ -19,6 +23,8 @@ Writes bench/results/hooks.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
@@ -87,6 +93,60 @@ def in_process(width: int, pairs: int, block: int, flush_s: float, hb_dir: str) 
             "records": s["records"], "os_writes": w.writes if w else 0}
 
 
+def trainer_runs(pairs: int, steps: int, hb_dir: str) -> dict:
+    os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                      TOKENIZERS_PARALLELISM="false", ORCHESTRATE_HEARTBEAT_DIR=hb_dir)
+    import transformers.trainer as trainer_module
+    from datasets import load_dataset
+    from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer,
+                              TrainingArguments)
+
+    from orchestrator.node.hooks import orchestrate_hooks as hooks
+    from recipes.tiny import resolve_model_path
+
+    hooks._on_transformers_trainer(trainer_module)  # what the import hook does in a rank
+    model_dir = resolve_model_path("tiny-llama")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.pad_token = tok.pad_token or tok.eos_token
+    ds = load_dataset("json", data_files=str(REPO / "recipes" / "data" / "sft_tiny.jsonl"), split="train")
+    ds = ds.map(lambda ex: tok(tok.apply_chat_template(ex["messages"], tokenize=False), truncation=True,
+                               max_length=128), remove_columns=ds.column_names)
+
+    def run(hooked: bool, out: str) -> tuple[float, float]:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+        args = TrainingArguments(output_dir=out, max_steps=steps, per_device_train_batch_size=4, logging_steps=1,
+                                 save_strategy="no", use_cpu=True, report_to="none", disable_tqdm=True, seed=42)
+        tr = Trainer(model=model, args=args, train_dataset=ds,
+                     data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+        ours = tr._orchestrate_hooks
+        if not hooked:
+            for cb in ours:
+                tr.remove_callback(cb)
+            tr._orchestrate_hooks = None
+        with contextlib.redirect_stdout(io.StringIO()):  # the Trainer prints every log dict without tqdm
+            res = tr.train()
+        return float(res.metrics["train_runtime"]), (ours[1].overhead_s if hooked else 0.0)
+
+    with tempfile.TemporaryDirectory() as d:
+        run(False, d)  # warm-up
+        times: dict[bool, list[float]] = {True: [], False: []}
+        rel, self_s = [], []
+        for i in range(pairs):
+            pair = {}
+            for hooked in ((True, False) if i % 2 == 0 else (False, True)):
+                pair[hooked], cost = run(hooked, d)
+                times[hooked].append(pair[hooked])
+                if hooked:
+                    self_s.append(cost / pair[hooked])
+            rel.append(pair[True] / pair[False] - 1.0)
+    return {"pairs": pairs, "steps": steps, "train_runtime_without": round(statistics.median(times[False]), 4),
+            "train_runtime_with": round(statistics.median(times[True]), 4),
+            "step_ms_without": round(statistics.median(times[False]) / steps * 1e3, 3),
+            "paired_overhead_median": round(statistics.median(rel), 5),
+            "paired_overhead_mean": round(statistics.mean(rel), 5),
+            "callback_self_frac_median": round(statistics.median(self_s), 6)}
+
+
 def end_to_end(runs: int, steps: int, width: int) -> dict:
     script = REPO / "tests" / "own_code" / "train_plain.py"
     base = {k: v for k, v in os.environ.items() if not k.startswith(("ORCHESTRATE_", "RANK", "LOCAL_RANK"))}
@@ -120,17 +180,22 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=20)
     ap.add_argument("--block", type=int, default=200)
     ap.add_argument("--widths", default="64,2048")
+    ap.add_argument("--trainer", type=int, default=8, help="Trainer pairs (0: skip)")
+    ap.add_argument("--trainer-steps", type=int, default=100)
     ap.add_argument("--e2e", type=int, default=6, help="end-to-end pairs (0: skip)")
     ap.add_argument("--e2e-steps", type=int, default=2000)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "hooks.json"))
     a = ap.parse_args()
-    out = {"in_process": [], "end_to_end": None}
+    out = {"in_process": [], "trainer": None, "end_to_end": None}
     with tempfile.TemporaryDirectory() as d:
         for width in (int(w) for w in a.widths.split(",")):
             for flush_s in (0.0, 0.5):
                 r = in_process(width, a.pairs, a.block, flush_s, os.path.join(d, f"w{width}_f{flush_s}"))
                 print(json.dumps(r), flush=True)
                 out["in_process"].append(r)
+        if a.trainer:
+            out["trainer"] = trainer_runs(a.trainer, a.trainer_steps, os.path.join(d, "trainer"))
+            print(json.dumps(out["trainer"]), flush=True)
     if a.e2e:
         out["end_to_end"] = end_to_end(a.e2e, a.e2e_steps, 64)
         print(json.dumps(out["end_to_end"]), flush=True)

@@ -95,9 +95,9 @@ def resolve_paths(recipe, cwd: Path):
                 return False
 
         def resolve_value(name: str, value):
-            if not isinstance(value, str) or (not is_local(value) and not (name.endswith("_dir") and value)):
+            if not isinstance(value, str) or "://" in value:  # a URL (s3://, hf://) is no local path
                 return value
-            return absolute(value)
+            return absolute(value) if is_local(value) or (name.endswith("_dir") and value) else value
 
         if run.script is not None:
             full = Path(absolute(run.script))

@@ -56,6 +56,10 @@ def bound_command(plan: LaunchPlan, rank: int) -> str:
                          for a in plan.node(rank).command])
 
 
+def _passes_output_dir(plan: LaunchPlan) -> bool:
+    return any(w == "--output_dir" or w.startswith("--output_dir=") for w in plan.node(0).command)
+
+
 def summary(plan: LaunchPlan, max_nodes_shown: int = 8) -> str:
     par = plan.parallelism
     extra = ", ".join(f"{k}={v}" for k, v in par.items() if v > 1 and k != "dp_shard")
@@ -80,7 +84,8 @@ def summary(plan: LaunchPlan, max_nodes_shown: int = 8) -> str:
         f"batch      {batch}",
         f"tokens     {tok} per step" + (f" (max_length {plan.max_length})" if plan.max_length else ""),
         f"rendezvous {plan.main_host}:{plan.port}",
-        f"output     {plan.output_dir}",
+        f"output     {plan.output_dir}" + ("  (your code is not told: run.args carry no --output_dir)"
+                                          if own and not _passes_output_dir(plan) else ""),
     ]
     if own:
         lines.append(f"command    {bound_command(plan, 0)}" +

@@ -418,7 +418,7 @@ def check_run(run: RunSpec, kinds: Mapping[str, str] | None, trl_commands: TrlCo
     """The `run:` block beyond single fields: one entry point, a known module name / TRL training subcommand, no
     accelerate launch options, and the options that are TrainingArguments / TRL config fields (`kinds`) checked
     like `trainer:` values. Other options pass (your code has its own), except for a TRL subcommand, whose parser
-    is known: TRL's scripts ignore an option they do not know, so a typo is refused here."""
+    is known: a typo is refused here, not on every rank once the job has started."""
     problems: list[Problem] = []
     given = [k for k in ("script", "module", "trl") if getattr(run, k) is not None]
     if len(given) != 1:

@@ -30,6 +30,7 @@ from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_mark
                                          process_start_time, signal_group, signal_pids)
 from orchestrator.node.rundir import AgentRecord, ExitRecord, RunDir
 
+DEFER_HANG_S = 3.0  # see Agent.monitor
 MODULE = "orchestrator.node"  # `python -m orchestrator.node RUN_DIR ...` runs `main` below
 HOOKS_DIR = Path(__file__).resolve().parent / "hooks"  # zero-code health hooks for the ranks (sitecustomize)
 
@@ -246,6 +247,7 @@ class Agent:
         every = float(health.poll_interval)
 
         def run() -> None:
+            first_seen = None
             while self.proc is not None and self.proc.poll() is None and not self.stopping.is_set():
                 now = time.time()
                 for rec in tail.read():
@@ -254,6 +256,12 @@ class Agent:
                 if stalls:
                     mine = marked_ranks(self.token)
                     stopped = {g: pid for g, pid in mine.items() if state(pid) == "T"}
+                    # Only the node that holds a stopped rank can name it: a node whose own ranks all run leaves it
+                    # a few seconds to do so (its verdict ends the job: srun --kill-on-bad-exit) before judging.
+                    first_seen = first_seen or now
+                    if not stopped and now - first_seen < DEFER_HANG_S + 2 * every:
+                        time.sleep(every)
+                        continue
                     text = mon.culprit(stalls, stopped, now)
                     if health.stack_dumps and mine:
                         from orchestrator.node.ops import keep_stacks

@@ -41,8 +41,10 @@ while True:
     hb.flush()
     if mode.startswith("exit:") and rank == int(mode.split(":")[1]) and step == 5:
         print(f"fault probe: rank {rank} exits on purpose", flush=True)
+        dist.destroy_process_group()  # local only; a live gloo group can abort the interpreter at exit (SIGABRT)
         sys.exit(int(mode.split(":")[2]))
     if mode.startswith("restart:") and attempt == 1 and rank == 1 and step == 5:
+        dist.destroy_process_group()
         sys.exit(4)
     if mode.startswith("restart:") and attempt > 1 and step == 10:
         break

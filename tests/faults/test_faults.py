@@ -27,9 +27,10 @@ PROBE = Path(__file__).with_name("fault_probe.py")
 STALL = 4.0
 
 EXPECTED = {  # fault -> (end state, returncode, canonical root cause prefix)
-    "exit3": ("FAILED", 3, "node N (HOST) failed: rank N (pid N) exited with code N (exit N); node exit code N"),
-    "sigkill": ("FAILED", 137, "node N (HOST) failed: rank N (pid N) died of SIGKILL (exit -N); "
-                               "node signal SIGKILL (exit N)"),
+    "exit3": ("FAILED", 3, "node N (HOST) failed: rank N (pid N) exited with code N (exit N) (last heartbeat: step); "
+                           "node exit code N"),
+    "sigkill": ("FAILED", 137, "node N (HOST) failed: rank N (pid N) died of SIGKILL (exit -N) (last heartbeat: "
+                               "step); node signal SIGKILL (exit N)"),
     "sigstop": ("FAILED", 124, "rank N on HOST hung: no heartbeat for Ns during training (limit Ns), last step N "
                                "(process N is stopped)"),
 }

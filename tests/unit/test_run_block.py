@@ -112,8 +112,10 @@ def test_resolved_job_round_trips_through_its_yaml():
     ({"script": "a.py", "args": ["--a", None]}, {}, "run.args[1]", "must be a string, number or boolean"),
     ({"script": "a.py", "args": {"a": {"b": 1}}}, {}, "run.args.a",
      "must be a string, number or boolean (or a list of them)"),
-    ({"script": "a.py", "args": {"a": None}}, {}, "run.args.a", "must be a string, number or boolean (or a list of them)"),
-    ({"script": "a.py", "args": "--a 1"}, {}, "run.args", "must be a list of arguments or a mapping option: value, got str"),
+    ({"script": "a.py", "args": {"a": None}}, {}, "run.args.a",
+     "must be a string, number or boolean (or a list of them)"),
+    ({"script": "a.py", "args": "--a 1"}, {}, "run.args",
+     "must be a list of arguments or a mapping option: value, got str"),
     ({"script": "a.py"}, {"recipe": "sft"}, "recipe",
      "give either recipe: (a built-in recipe) or run: (your own code), not both"),
     ({"script": "a.py"}, {"model": {"name_or_path": "m"}}, "model",
@@ -123,7 +125,8 @@ def test_resolved_job_round_trips_through_its_yaml():
     ({"script": "a.py", "args": ["--per_device_train_batch_size", "0"]}, {}, "run.args[1]",
      "must be an integer >= 1, got 0"),
     ({"script": "a.py", "args": {"packing": "maybe"}}, {}, "run.args.packing", "must be true or false, got 'maybe'"),
-    ({"script": "a.py", "args": {"learning_rate": "fast"}}, {}, "run.args.learning_rate", "must be a number, got 'fast'"),
+    ({"script": "a.py", "args": {"learning_rate": "fast"}}, {}, "run.args.learning_rate",
+     "must be a number, got 'fast'"),
     ({"script": "a.py", "args": ["--seed"]}, {}, "run.args[0]", "needs a value"),
     ({"trl": "sft", "args": {"learning_rat": 1}}, {}, "run.args.learning_rat",
      "not an option of trl sft (did you mean 'learning_rate'?)"),
@@ -272,7 +275,8 @@ def test_model_facts_come_from_the_model_dir_the_args_name(tmp_path):
 
 # ------------------------------------------------------------------------------ plan
 def test_one_node_command_path_for_every_kind():
-    base = ("/venv/bin/python", "-m", "accelerate.commands.launch", "--config_file", f"{RUN_DIR_VAR}/nodes/1/accelerate.yaml")
+    base = ("/venv/bin/python", "-m", "accelerate.commands.launch", "--config_file",
+            f"{RUN_DIR_VAR}/nodes/1/accelerate.yaml")
     recipe = parse_recipe({"recipe": "sft", "model": {"name_or_path": "tiny-llama"}, "data": {"path": "/d.jsonl"},
                            "launch": {"nodes": 2}})
     assert plan(recipe).node(1).command == (*base, *RECIPE_ENTRY)

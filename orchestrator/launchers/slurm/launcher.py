@@ -167,16 +167,20 @@ class SlurmLauncher:
         self.preflight(run_dir.path(RunDir.SBATCH))
         import submitit
         from orchestrator.launchers.slurm.task import AgentTask
+        run_dir.mkdir("submitit")
         ex = submitit.SlurmExecutor(folder=str(run_dir.root / "submitit" / "%j"), python=submission.extra["python"],
                                     max_num_timeout=int(submission.extra["max_restarts"]))
         ex.update_parameters(**submission.extra["submitit"])
         task = AgentTask(str(run_dir.root), list(submission.nodes[0].argv), int(submission.extra["max_restarts"]),
                          save_wait_s=max(5.0, min(60.0, self._slurm.signal_lead_s - 5.0)) if self._slurm else 30.0)
+        old = os.umask(0o077)  # submitit's pickles and SLURM's output files (sbatch passes SLURM_UMASK) owner-only
         try:
             job = ex.submit(task)
         except Exception as e:  # noqa: BLE001 - submitit raises a plain error carrying sbatch's stderr
             raise LaunchError(f"sbatch failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e}",
                               host=self._name, argv=["sbatch"]) from None
+        finally:
+            os.umask(old)
         run_dir.write_text(RunDir.SLURM_JOB_ID, f"{job.job_id}\n")
         handle = JobHandle(uri=f"slurm://{job.job_id}", data={"run_dir": str(run_dir.root), "job_id": str(job.job_id),
                                                               "nodes": submission.extra.get("nodes")})
@@ -188,7 +192,11 @@ class SlurmLauncher:
         run_dir.write_files(submission.files)
         script = run_dir.path(RunDir.SBATCH)
         self.preflight(script)
-        r = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
+        old = os.umask(0o077)  # sbatch hands its umask to the job (SLURM_UMASK): the job's files are owner-only
+        try:
+            r = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
+        finally:
+            os.umask(old)
         if r.returncode != 0:
             raise LaunchError("sbatch failed", host=self._name, argv=["sbatch", str(script)],
                               exit_code=r.returncode, stderr_tail=r.stderr[-2000:])

@@ -100,10 +100,12 @@ def render_sbatch(plan: LaunchPlan, slurm: Any, run_dir: str | None = None, pyth
     q = shlex.quote
     lines = [
         "#!/bin/bash",
-        f"# orchestrate job {plan.job_id}: {plan.recipe} recipe '{plan.recipe_name}' on SLURM cluster "
-        f"'{plan.cluster_name}'",
+        f"# orchestrate job {plan.job_id}: " + (f"{plan.recipe} recipe '{plan.recipe_name}'" if plan.run_kind == "recipe"
+                                                 else f"own code ({plan.run_kind} {plan.run_target})")
+        + f" on SLURM cluster '{plan.cluster_name}'",
         f"# {plan.nodes} node(s) x {plan.procs_per_node} process(es) = world {plan.world_size}; profile "
-        f"{plan.profile} -> {plan.distributed_type}; effective batch {plan.effective_batch}",
+        f"{plan.profile} -> {plan.distributed_type}; effective batch "
+        + (str(plan.effective_batch) if plan.effective_batch is not None else "set by the job's own code"),
         f"# Submit by hand with:  sbatch {q(run_dir + '/job.sbatch')}   (what `orchestrate submit` runs)",
         f"# Per-node output: {run_dir}/logs/node<R>.log; preemption: {SIGNAL} {slurm.signal_lead_s} s before "
         f"the time limit -> checkpoint -> requeue (at most {int(plan.health.max_restarts or 0)} restarts).",
