@@ -193,11 +193,16 @@ def main() -> int:
         med = {k: statistics.median(r["first_step_s"] for r in v) for k, v in runs.items()}
         phases = {who: {k: round(statistics.median(r["at"][k] for r in runs[who]), 3) for k in runs[who][0]["at"]
                         if all(r["at"][k] is not None for r in runs[who])} for who in runs}
+        paired = sorted(o["first_step_s"] / a["first_step_s"] for o, a in zip(runs["ours"], runs["anchor"],
+                                                                              strict=True))
         result.update(first_step_s={k: round(v, 3) for k, v in med.items()},
                       ratio=round(med["ours"] / med["anchor"], 3),
+                      paired_ratio_median=round(statistics.median(paired), 3),
+                      paired_ratio_range=[round(paired[0], 3), round(paired[-1], 3)],
                       phases_median_s_since_command=phases, runs=runs)
         print(f"time to first step (median of {args.repeat}): ours {med['ours']:.2f}s, hand-run accelerate launch "
-              f"over ssh {med['anchor']:.2f}s, ratio {result['ratio']:.3f} (goal <= 1.0)")
+              f"over ssh {med['anchor']:.2f}s, ratio of medians {result['ratio']:.3f}; paired ratios: median "
+              f"{result['paired_ratio_median']:.3f}, range {paired[0]:.3f}-{paired[-1]:.3f} (goal <= 1.0)")
         for who, at in phases.items():
             print(f"{who}, reached (median s after the command): " + ", ".join(f"{k} {v:.2f}" for k, v in at.items()))
     if kills:

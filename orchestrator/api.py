@@ -382,6 +382,8 @@ def reconcile(rec):
             return rec, None  # being submitted right now
         return rec, JobStatus(JobState(rec.state) if rec.state in JobState.__members__ else JobState.RUNNING, (),
                               f"backend unknown ({type(e).__name__}: {str(e)[:120]})")
+    if st.state == JobState.RUNNING and not st.nodes and time.time() - rec.updated > 120:
+        st = JobStatus(JobState.FAILED, (), "no node of the job ever started")
     if st.state.terminal:
         why = st.reason
         if st.state == JobState.FAILED and rec.backend != "slurm":

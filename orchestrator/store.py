@@ -18,6 +18,7 @@ the write-ahead log holds nothing, the database file alone is read (immutable).
 
 from __future__ import annotations
 
+import builtins
 import errno
 import os
 import sqlite3
@@ -328,7 +329,8 @@ class JobStore:
         if bad:
             raise ValueError(f"cannot update {bad}")
         now = time.time()
-        sets, vals = ["updated=?"], [now]
+        sets: list[str] = ["updated=?"]
+        vals: list[Any] = [now]
         if state:
             sets.append("state=?")
             vals.append(state)
@@ -338,6 +340,7 @@ class JobStore:
         stmts = [(f"UPDATE jobs SET {', '.join(sets)} WHERE id=?", (*vals, job_id))]
         if state or detail:
             stmts.append(("INSERT INTO events VALUES (?,?,?,?)", (job_id, now, state or "", detail)))
+        guard: tuple[str, tuple[Any, ...]]
         if final:
             guard = (f"SELECT COUNT(*) FROM jobs WHERE id=? AND state NOT IN ({','.join('?' * len(TERMINAL))})",
                      (job_id, *TERMINAL))
@@ -357,7 +360,7 @@ class JobStore:
         rows = self._read("SELECT * FROM jobs ORDER BY created DESC LIMIT ?", (limit,))
         return [JobRecord(*r) for r in rows]
 
-    def events(self, job_id: str) -> list[dict]:
+    def events(self, job_id: str) -> builtins.list[dict]:  # `list` here is the method above
         rows = self._read("SELECT t, state, detail FROM events WHERE job_id=? ORDER BY t", (job_id,))
         return [{"t": t, "state": s, "detail": d} for t, s, d in rows]
 

@@ -335,8 +335,8 @@ class JobGuard:
     def teardown(self) -> list[str]:
         found: list[str] = []
         jobs = self.jobs()
-        for _, run_dir in jobs.values():
-            self.run_dir(run_dir)
+        for _, recorded in jobs.values():
+            self.run_dir(recorded)
         pids = []
         for p in self.procs:
             pid = p if isinstance(p, int) else p.pid

@@ -142,8 +142,8 @@ def test_cli_submit_on_a_full_disk_is_one_line(small_fs):
     home = small_fs / "home"
     JobStore(home / "jobs.db")
     fill(small_fs)
-    r = cli("submit", REPO / "recipes/configs/sft_tiny.yaml", "trainer.max_steps=1", env={"ORCHESTRATE_HOME": str(home)},
-            timeout=300)
+    r = cli("submit", REPO / "recipes/configs/sft_tiny.yaml", "trainer.max_steps=1",
+            env={"ORCHESTRATE_HOME": str(home)}, timeout=300)
     lines = r.stderr.strip().splitlines()
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert len(lines) == 1 and lines[0].startswith("orchestrate: error: ") and "no space left on device" in lines[0], \

@@ -305,7 +305,12 @@ class SlurmJob:
         if time.monotonic() < self.next_query:
             return out
         self.next_query = time.monotonic() + self.poll
-        q = self.launcher.query(self.handle)
+        try:
+            q = self.launcher.query(self.handle)
+        except (OSError, subprocess.SubprocessError) as e:  # a busy or restarting controller: ask again later
+            self.next_query = time.monotonic() + 5.0
+            return out + [Line(0, f"orchestrate: cannot ask SLURM about job {job_id_of(self.handle)} ({e}); "
+                                  "retrying in 5 s")]
         if not q["terminal"]:
             return out
         time.sleep(0.2)  # the last lines the tasks wrote
