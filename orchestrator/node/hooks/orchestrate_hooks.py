@@ -1,0 +1,333 @@
+"""What `sitecustomize` installs in a user's rank: heartbeats, save-on-signal and resume without code changes.
+
+`install()` (standard library only, cheap: no torch, no transformers):
+- writes the "boot" start-up mark (with "proc_start", like recipes.run) to the rank's heartbeat file;
+- sets W&B defaults from ORCHESTRATE_JOB_ID where the user set none, so that every attempt of a job (restarts,
+  requeues) logs into ONE run: WANDB_RUN_ID (rank 0: the job id; rank G > 0: <job id>-rank<G>), WANDB_RESUME=allow,
+  WANDB_RUN_GROUP=<job id>, WANDB_NAME (same as the id). TensorBoard needs nothing: it appends to its log dir;
+- puts a meta-path finder first on sys.meta_path that runs a hook right after a module of interest is executed:
+  * `torch.optim.optimizer` -> `register_optimizer_step_post_hook`: one "step" record per optimizer step of this
+    process (steps of the FIRST optimizer that steps; several optimizers count once per step), buffered
+    (orchestrate_heartbeat.FLUSH_S) and self-timed (`stats()`). Silent while a Trainer heartbeat callback trains
+    or once the script calls `orchestrate_heartbeat.beat` (their records win: no double counting).
+  * `transformers.trainer` -> `Trainer.__init__` adds PreemptionCallback + HeartbeatCallback (orchestrate_trainer,
+    the recipes' own) to every Trainer; `Trainer.train`:
+      - skips all of it when the Trainer already carries orchestrate's callbacks (a built-in recipe);
+      - ORCHESTRATE_RESUME=auto and no resume_from_checkpoint given -> the latest checkpoint-* in args.output_dir
+        (none: a fresh start); ORCHESTRATE_RESUME=<dir> -> that checkpoint. Unset: nothing is changed, so a job's
+        first attempt never picks up an unrelated old checkpoint; the node agent sets auto on restarts;
+      - installs the SIGTERM/SIGUSR2 handlers for the run (ORCHESTRATE_SAVE_ON_SIGNAL=0: none): a signal -> at the
+        next step boundary every rank saves a checkpoint and stops, the heartbeat says "preempted", and when
+        train() returns the rank leaves with 128+signal (process group torn down, atexit handlers run) instead of
+        going on with the rest of the script (final save, evaluation, upload) of an unfinished run.
+A plain loop gets no signal handler: SIGTERM/SIGUSR2 keep their default action (the process ends), since nothing
+could save its state.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+try:
+    import orchestrate_heartbeat as hb
+except ImportError:
+    from orchestrator.node.hooks import orchestrate_heartbeat as hb
+
+_installed = False
+_OFF = ("0", "false", "no", "off")
+
+
+class _OptimizerSteps:
+    first = None  # weak reference to the optimizer whose steps are counted
+    steps = 0
+    calls = 0
+    overhead_s = 0.0
+
+
+def stats() -> dict:
+    """Self-measured cost of the optimizer-step hook and of its writer."""
+    w = hb._hook
+    return {"optimizer_steps": _OptimizerSteps.steps, "hook_calls": _OptimizerSteps.calls,
+            "hook_overhead_s": _OptimizerSteps.overhead_s, "records": w.records if w else 0,
+            "writes": w.writes if w else 0}
+
+
+def _warn(msg: str) -> None:
+    print(f"orchestrate: {msg}", file=sys.stderr, flush=True)
+
+
+def _ref(obj):
+    import weakref
+
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
+# ------------------------------------------------------------------------------------------- optimizer hook
+
+def _optimizer_stepped(optimizer, args, kwargs) -> None:
+    t0 = time.perf_counter()
+    s = _OptimizerSteps
+    s.calls += 1
+    first = s.first() if s.first is not None else None
+    if first is None:
+        s.first = _ref(optimizer)  # the first optimizer to step (or the next one, if it was discarded)
+    elif first is not optimizer:
+        s.overhead_s += time.perf_counter() - t0
+        return
+    s.steps += 1
+    if not hb._claims:  # no Trainer callback / beat() writes the step records
+        (hb._hook or hb.hook_writer()).write("step", s.steps, lazy=True)
+    s.overhead_s += time.perf_counter() - t0
+
+
+def _on_torch_optimizer(module) -> None:
+    module.register_optimizer_step_post_hook(_optimizer_stepped)
+
+
+# --------------------------------------------------------------------------------------------- Trainer hook
+
+def _on_transformers_trainer(module) -> None:
+    trainer_cls = getattr(module, "Trainer", None)
+    if trainer_cls is None or getattr(trainer_cls, "_orchestrate_patched", False):
+        return
+    import functools
+
+    init, train = trainer_cls.__init__, trainer_cls.train
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if "_orchestrate_hooks" not in self.__dict__:
+            try:
+                _attach(self)
+            except Exception as e:  # noqa: BLE001 - the user's Trainer works without our callbacks
+                self._orchestrate_hooks = None
+                _warn(f"Trainer heartbeats not added: {type(e).__name__}: {e}")
+
+    @functools.wraps(train)
+    def train_(self, *args, **kwargs):
+        return _train(train, self, args, kwargs)
+
+    trainer_cls.__init__ = __init__
+    trainer_cls.train = train_
+    trainer_cls._orchestrate_patched = True
+
+
+def _attach(trainer) -> None:
+    try:
+        import orchestrate_trainer as ot
+    except ImportError:  # imported through the package (tests), not from the hooks directory
+        from orchestrator.node.hooks import orchestrate_trainer as ot
+
+    save_on_signal = os.environ.get("ORCHESTRATE_SAVE_ON_SIGNAL", "1").strip().lower() not in _OFF
+    preempt = ot.PreemptionCallback() if save_on_signal else None
+    heartbeat = ot.HeartbeatCallback(preempt=preempt)
+    if preempt is not None:
+        trainer.add_callback(preempt)  # before the heartbeat callback: it sees the save that preempt asks for
+    trainer.add_callback(heartbeat)
+    trainer._orchestrate_hooks = (preempt, heartbeat)
+
+
+def _owned_elsewhere(trainer, ours) -> bool:
+    """The Trainer carries orchestrate callbacks it did not get from us (the built-in recipes add their own)."""
+    handler = getattr(trainer, "callback_handler", None)
+    return any(getattr(cb, "orchestrate_role", None) and all(cb is not o for o in ours)
+               for cb in getattr(handler, "callbacks", ()))
+
+
+def _resume_arg(trainer, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    mode = os.environ.get("ORCHESTRATE_RESUME", "").strip()
+    if not mode or mode.lower() in ("never", *_OFF):
+        return args, kwargs
+    given = args[0] if args else kwargs.get("resume_from_checkpoint")
+    if given is not None:
+        return args, kwargs  # the user's own choice (a path, True, or False = "do not resume") stands
+    if mode.lower() == "auto":
+        out = trainer.args.output_dir
+        if not out or not os.path.isdir(out):
+            return args, kwargs
+        from transformers.trainer_utils import get_last_checkpoint
+
+        ckpt = get_last_checkpoint(out)
+        if ckpt is None:
+            return args, kwargs
+    else:
+        ckpt = mode
+        if not os.path.isdir(ckpt):
+            raise FileNotFoundError(f"ORCHESTRATE_RESUME={mode!r}: not a checkpoint directory")
+    if hb.env_rank() == 0:
+        _warn(f"resuming from {ckpt} (ORCHESTRATE_RESUME={mode})")
+    if args:
+        return (ckpt,) + tuple(args[1:]), kwargs
+    return args, {**kwargs, "resume_from_checkpoint": ckpt}
+
+
+def _train(train, trainer, args: tuple, kwargs: dict):
+    hooks = trainer.__dict__.get("_orchestrate_hooks")
+    if not hooks:
+        return train(trainer, *args, **kwargs)
+    preempt, heartbeat = hooks
+    if _owned_elsewhere(trainer, hooks):  # a built-in recipe: its callbacks, resume and exit code rule
+        for cb in hooks:
+            if cb is not None:
+                trainer.remove_callback(cb)
+        trainer._orchestrate_hooks = None
+        return train(trainer, *args, **kwargs)
+    args, kwargs = _resume_arg(trainer, args, kwargs)
+    if preempt is not None:
+        preempt.install()
+    try:
+        out = train(trainer, *args, **kwargs)
+    except BaseException:
+        if preempt is not None:
+            preempt.uninstall()
+        raise
+    if preempt is not None and preempt.stopped_by:
+        _leave_preempted(int(preempt.stopped_by))  # keeps the handler: a launcher's TERM now counts as the same request
+    if preempt is not None:
+        preempt.uninstall()
+    return out
+
+
+def _leave_preempted(signum: int) -> None:
+    """Saved and stopped on a signal: tear the process group down (every rank agreed to stop at this step, so all
+    arrive), run atexit handlers (trackers finish their run) and exit 128+signal without interpreter finalization
+    (which sometimes aborts after a live gloo group; see recipes/run.py `leave`)."""
+    import atexit
+
+    hb.flush_all()
+    try:
+        if "torch.distributed" in sys.modules:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                try:
+                    dist.barrier()
+                finally:
+                    dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001 - the checkpoint is saved: exit with the signal's code regardless
+        _warn(f"process group teardown after preemption: {type(e).__name__}: {e}")
+    _warn(f"rank {hb.env_rank()}: checkpoint saved after signal {signum}; exiting {128 + signum}")
+    _flush_stdio()
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        _flush_stdio()
+        os._exit(128 + signum)
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed or replaced streams
+            pass
+
+
+# ------------------------------------------------------------------------------------------- import finder
+
+class _PostImportFinder:
+    """Finds nothing itself: for a module of interest it asks the other finders, and makes the found loader run
+    our hook right after the module's code has executed."""
+
+    def __init__(self, hooks: dict):
+        self.hooks = dict(hooks)
+        self._busy: set[str] = set()
+
+    def find_spec(self, fullname, path=None, target=None):
+        hook = self.hooks.get(fullname)
+        if hook is None or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._busy.discard(fullname)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_hook(module):
+            exec_module(module)
+            if module.__name__ == fullname and self.hooks.pop(fullname, None) is not None:
+                _run_hook(hook, module)
+
+        try:
+            loader.exec_module = exec_then_hook  # this module's own loader instance: nothing else is affected
+        except (AttributeError, TypeError):
+            _warn(f"cannot hook the import of {fullname}")
+        return spec
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+def _run_hook(hook, module) -> None:
+    try:
+        hook(module)
+    except Exception as e:  # noqa: BLE001 - a failed hook must not fail the user's import
+        _warn(f"hook on {module.__name__} failed: {type(e).__name__}: {e}")
+
+
+HOOKS = {"torch.optim.optimizer": _on_torch_optimizer, "transformers.trainer": _on_transformers_trainer}
+
+
+# ----------------------------------------------------------------------------------------------- start-up
+
+def _process_start_time() -> float | None:
+    """When the kernel created this process (as orchestrator.node.proctools.process_start_time)."""
+    try:
+        with open("/proc/self/stat") as fh:
+            rest = fh.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return time.time() - (uptime - int(rest[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _tracker_defaults() -> None:
+    env = os.environ
+    job = env.get("ORCHESTRATE_JOB_ID", "").strip()
+    if not job:
+        return
+    rank = hb.env_rank()
+    suffix = f"-rank{rank}" if rank else ""
+    run_id = "".join(c if c.isalnum() or c in "-_" else "-" for c in job)[:64 - len(suffix)] + suffix
+    if "WANDB_RUN_ID" not in env:
+        env["WANDB_RUN_ID"] = run_id
+        env.setdefault("WANDB_RESUME", "allow")
+    env.setdefault("WANDB_RUN_GROUP", job)
+    env.setdefault("WANDB_NAME", job + suffix)
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    if not any(a == "recipes.run" for a in getattr(sys, "orig_argv", ())):  # recipes.run writes its own
+        hb.mark("boot", proc_start=_process_start_time())
+    _tracker_defaults()
+    finder = _PostImportFinder(HOOKS)
+    for name, hook in list(HOOKS.items()):
+        if name in sys.modules:  # installed late (tests): hook what is already there
+            finder.hooks.pop(name, None)
+            _run_hook(hook, sys.modules[name])
+    sys.meta_path.insert(0, finder)
+
+
+hb.one_module_per_process(__name__, "orchestrate_hooks")

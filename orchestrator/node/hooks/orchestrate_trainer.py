@@ -1,0 +1,145 @@
+"""Trainer callbacks shared by the built-in recipes and the zero-code hooks: heartbeats and save-on-signal.
+
+Imported only once transformers is (the hooks load it at the first `Trainer(...)`; `recipes/callbacks.py`
+re-exports both classes), so importing it costs nothing extra.
+
+- `HeartbeatCallback`: one record per optimizer step (the health monitor's hang clock), with the loss on
+  logging steps; "start", "save_start" (a checkpoint save follows this step), "save" (done), and a last line
+  "end" or "preempted" (stopped after a save-on-signal). Records go through `orchestrate_heartbeat.Writer`
+  (docs/CONTRACT.md's fields); while it trains it claims the step records, so the optimizer-step hook stays
+  silent. Tokens: a `counter` (the recipes' TokenCounter collator wrapper) when given, else the Trainer's own
+  `state.num_input_tokens_seen` when the user turned `include_num_input_tokens_seen` on, else null.
+  It times itself (`overhead_s`). Install it AFTER PreemptionCallback so that it sees the save that one asks for.
+- `PreemptionCallback`: SIGTERM / SIGUSR2 on any rank -> at the next step boundary every rank agrees (one tiny
+  all-reduce), saves a checkpoint and stops; the caller then exits 128+signal. Repeats within `DEDUPE_S` of the
+  first are the same request (SLURM, torchrun and the node agent each forward one) and are ignored; a signal
+  after that exits at once (128+signal).
+
+Both carry `orchestrate_role` ("heartbeat" / "preempt") so the hooks can tell that a Trainer already has
+orchestrate's callbacks (a built-in recipe) and add none of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from transformers import TrainerCallback
+
+try:  # from the hooks directory (a user's rank) or from the package (the recipes): one module either way
+    import orchestrate_heartbeat as hb
+except ImportError:
+    from orchestrator.node.hooks import orchestrate_heartbeat as hb
+
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+
+
+class HeartbeatCallback(TrainerCallback):
+    orchestrate_role = "heartbeat"
+
+    def __init__(self, counter=None, directory: str | None = None, preempt=None):
+        self.writer = hb.Writer(directory if directory is not None else os.environ.get("ORCHESTRATE_HEARTBEAT_DIR"))
+        self.counter = counter
+        self.preempt = preempt
+        self.saving = False
+        self.tokens = 0
+        self.overhead_s = 0.0
+
+    @property
+    def writes(self) -> int:
+        return self.writer.records
+
+    def _tokens(self, args, state):
+        if self.counter is not None:
+            return self.tokens
+        mode = getattr(args, "include_num_input_tokens_seen", "no")
+        if mode in (None, False, "no"):
+            return None
+        return int(getattr(state, "num_input_tokens_seen", 0) or 0)
+
+    def _write(self, args, state, event: str, loss=None) -> None:
+        before = self.writer.overhead_s
+        self.writer.write(event, state.global_step, state.max_steps or 0, loss, self._tokens(args, state))
+        self.overhead_s += self.writer.overhead_s - before
+
+    def on_train_begin(self, args, state, control, **kw):
+        if self.writer.fd < 0:
+            self.writer.rank = args.process_index
+        hb.claim("trainer")
+        self._write(args, state, "start")
+
+    def on_step_end(self, args, state, control, **kw):
+        if self.counter is not None:
+            t0 = time.perf_counter()
+            self.tokens += self.counter.consume(args.gradient_accumulation_steps)
+            self.overhead_s += time.perf_counter() - t0
+        self.saving = bool(control.should_save)
+        if self.saving:
+            self._write(args, state, "save_start")
+        elif not control.should_log:  # a logging step writes its line (with the loss) in on_log
+            self._write(args, state, "step")
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if logs and "loss" in logs:
+            self._write(args, state, "save_start" if self.saving else "step", logs["loss"])
+
+    def on_save(self, args, state, control, **kw):
+        self.saving = False
+        self._write(args, state, "save")
+
+    def on_train_end(self, args, state, control, **kw):
+        stopped = self.preempt is not None and self.preempt.stopped_by
+        self._write(args, state, "preempted" if stopped else "end")
+        hb.release("trainer")
+        self.writer.close()
+
+
+class PreemptionCallback(TrainerCallback):
+    orchestrate_role = "preempt"
+    DEDUPE_S = 10.0
+
+    def __init__(self):
+        self.received: int | None = None  # signal seen by this process
+        self.received_at = 0.0
+        self.stopped_by: int | None = None  # signal every rank agreed on (max over ranks)
+        self._previous = {}
+
+    def install(self) -> "PreemptionCallback":
+        for sig in PREEMPT_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
+        self._previous.clear()
+
+    def _handler(self, signum, frame):
+        now = time.monotonic()
+        if self.received is not None:
+            if now - self.received_at < self.DEDUPE_S:
+                return
+            os._exit(128 + signum)
+        self.received, self.received_at = signum, now
+
+    def on_step_end(self, args, state, control, **kw):
+        flag = self.received or 0
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            import torch
+
+            t = torch.tensor([flag], dtype=torch.int64)
+            if dist.get_backend() == "nccl":
+                t = t.cuda()
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            flag = int(t.item())
+        if flag:
+            self.stopped_by = flag
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+hb.one_module_per_process(__name__, "orchestrate_trainer")

@@ -1,0 +1,57 @@
+"""orchestrate's start-up hook for a user's ranks (see orchestrator/node/hooks/__init__.py).
+
+Python imports `sitecustomize` from sys.path at start-up. This one:
+1. in a rank of an orchestrate launch only (ORCHESTRATE_HEARTBEAT_DIR and RANK or LOCAL_RANK set, not turned off
+   with ORCHESTRATE_HOOKS=0, and not a child process of a hooked rank such as a spawned DataLoader worker),
+   installs `orchestrate_hooks` (standard library only; torch / transformers are touched only when the user's
+   code imports them);
+2. always chains to the next sitecustomize.py on sys.path, so that a user's (or the distribution's) own is not
+   shadowed; `import sitecustomize` afterwards returns that one.
+Nothing here may break the user's process: errors of our own are reported on stderr and skipped.
+"""
+
+import os
+import sys
+
+
+def _active() -> bool:
+    env = os.environ
+    if not env.get("ORCHESTRATE_HEARTBEAT_DIR"):
+        return False
+    if env.get("ORCHESTRATE_HOOKS", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if "RANK" not in env and "LOCAL_RANK" not in env:
+        return False  # the launcher (accelerate launch / torchrun) itself, or a plain python
+    owner = env.get("ORCHESTRATE_HOOKS_PID")
+    if owner and owner != str(os.getpid()):
+        return False  # a child of a hooked rank (spawned workers, subprocesses) inherits RANK: not a rank itself
+    env["ORCHESTRATE_HOOKS_PID"] = str(os.getpid())
+    return True
+
+
+def _chain() -> None:
+    """Run the next sitecustomize on sys.path (after this file's directory) and let it take the name."""
+    from importlib.machinery import PathFinder
+    from importlib.util import module_from_spec
+
+    me = os.path.realpath(__file__)
+    here = os.path.dirname(me)
+    rest = [p for p in sys.path if os.path.realpath(p or os.curdir) != here]
+    spec = PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None or os.path.realpath(spec.origin or "") == me:
+        return
+    sys.modules["orchestrate_sitecustomize"] = sys.modules.get(__name__)
+    module = module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+if _active():
+    try:
+        import orchestrate_hooks
+
+        orchestrate_hooks.install()
+    except Exception as _e:  # noqa: BLE001 - never fail the user's process
+        print(f"orchestrate: start-up hooks not installed: {type(_e).__name__}: {_e}", file=sys.stderr, flush=True)
+
+_chain()
