@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "launchers"))
+sys.path.insert(0, str(REPO / "tests"))
 os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 
 from test_local import job_pids, probe_prepared, wait_gone  # noqa: E402  (the suite's probe job)

@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "slurm"))
+sys.path.insert(0, str(REPO / "tests"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("SLURM_CONF", "/tmp/orchestrate-slurm/etc/slurm.conf")
 
@@ -226,7 +227,11 @@ def main() -> None:
                        "paired_ratio_first_step_median": statistics.median(
                            o[0] / a[0] for o, a in zip(rows["ours"], rows["anchor"], strict=False)),
                        "paired_ratio_completed_median": statistics.median(
-                           o[1] / a[1] for o, a in zip(rows["ours"], rows["anchor"], strict=False))})
+                           o[1] / a[1] for o, a in zip(rows["ours"], rows["anchor"], strict=False)),
+                       "paired_ratio_first_step_range": [round(f(o[0] / a[0] for o, a in zip(
+                           rows["ours"], rows["anchor"], strict=False)), 3) for f in (min, max)],
+                       "paired_ratio_completed_range": [round(f(o[1] / a[1] for o, a in zip(
+                           rows["ours"], rows["anchor"], strict=False)), 3) for f in (min, max)]})
         report["runs"] = {k: [[round(x[0], 3), round(x[1], 3)] for x in v] for k, v in rows.items()}
     if args.only != "launch":
         kills = {"ours": [], "anchor": []}

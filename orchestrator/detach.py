@@ -45,6 +45,17 @@ def record_self(job: str) -> None:
     (d / f"{job}.pid").write_text(str(os.getpid()))
 
 
+def forget_self(job: str) -> None:
+    """The supervisor is done: its pid file goes (a later process with the same pid is no supervisor of this job)."""
+    from orchestrator.store import home
+    try:
+        path = home() / "supervisors" / f"{job}.pid"
+        if path.read_text().strip() == str(os.getpid()):
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
 def live_supervisor(job: str) -> int | None:
     from orchestrator.node.proctools import alive
     from orchestrator.store import home

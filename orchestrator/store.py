@@ -31,7 +31,9 @@ from typing import Any, Iterator
 
 from orchestrator.errors import OrchestratorError
 
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY")
+from orchestrator.types import TERMINAL as _TERMINAL
+
+TERMINAL = tuple(s.value for s in _TERMINAL)  # the one terminal set (orchestrator.types)
 HOME_DIRS = ("runs", "cache", "supervisors")  # created owner-only with the home by every JobStore on it
 
 SCHEMA = """

@@ -75,7 +75,7 @@ class Running(Protocol):
 
     def stop(self, reason: str, grace: float, nodes: set[int] | None = None) -> None: ...
 
-    def stopped_ranks(self) -> dict[int, int]: ...  # ranks found stopped (state T) -> pid; keeps stacks
+    def stopped_ranks(self, stacks: bool = True) -> dict[int, int]: ...  # ranks found stopped -> pid; keeps stacks
 
     def close(self) -> None: ...
 
@@ -171,9 +171,11 @@ def pick_failed(candidates: list[NodeEnded]) -> NodeEnded:
 def stopped_by_us(end: NodeEnded, torn_down_at: float | None) -> bool:
     """A node that ended because our teardown stopped it (a victim, never the root cause): its agent was told to stop
     (a stop reason and no rank of its own died), or it ended well after the teardown began."""
-    if torn_down_at is None or end.record is None or end.record.rank_death:
+    if torn_down_at is None or end.record is None or end.record.rank_death or not end.record.time:
         return False
-    return bool(end.record.stop_reason) or (bool(end.record.time) and end.record.time > torn_down_at + STOPPED_BY_US)
+    if end.record.stop_reason:  # told to stop: by our teardown only if that was after it began (1 s for clocks)
+        return end.record.time >= torn_down_at - 1.0
+    return end.record.time > torn_down_at + STOPPED_BY_US
 
 
 def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str | None, cancel: str | None,
@@ -203,7 +205,7 @@ def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str |
                              + why, nodes, max_step)
         return JobResult(JobState.COMPLETED, 0, "", nodes, max_step)
     own = [e for e in bad if not stopped_by_us(e, torn_down_at)]
-    root = pick_failed(sorted(own or bad, key=lambda e: e.node) if not own else own)
+    root = pick_failed(own or sorted(bad, key=lambda e: e.node))
     text = root_cause_text(root)
     if scheduler is not None and scheduler.reason and scheduler.state == JobState.FAILED and root.lost:
         text = f"{scheduler.reason}; {text}"
@@ -268,6 +270,8 @@ class Supervisor:
                         elif isinstance(ev, SchedulerEnd):
                             scheduler = ev
                     now = time.time()
+                    if not getattr(job, "started", True):  # queued (SLURM): no rank can be late yet
+                        monitor = HealthMonitor(self.plan.health, self.plan.world_size, started=now)
                     if self.cancel.is_set() and not cancel:
                         cancel = self.cancel_reason
                         teardown(cancel, grace, set(job.nodes) - set(ends))
@@ -275,7 +279,7 @@ class Supervisor:
                         next_check = now + every
                         stalls = [s for s in monitor.stalls(now) if s.silent_s > s.limit_s + hang_margin]
                         if stalls:
-                            hang = monitor.culprit(stalls, job.stopped_ranks(), now)
+                            hang = monitor.culprit(stalls, job.stopped_ranks(self.plan.health.stack_dumps), now)
                             if self.plan.health.stack_dumps:
                                 hang += "; stacks in RUN_DIR/stacks/" + (" on each host" if len(set(job.nodes.values()))
                                                                          > 1 else "")
@@ -286,6 +290,12 @@ class Supervisor:
                                                          f"({grace + self.lost_after:.0f} s): host unreachable?"))
                 except KeyboardInterrupt:
                     self.request_cancel("interrupted (Ctrl-C) on the submit host")
+        except BaseException:  # our own failure must not leave the nodes running
+            try:
+                job.stop("the supervisor failed", grace)
+            except Exception:  # noqa: BLE001
+                pass
+            raise
         finally:
             job.close()
         max_step = max((st.step for st in monitor.snapshot()), default=None)

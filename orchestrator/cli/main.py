@@ -153,7 +153,7 @@ def cmd_submit(args) -> int:
             print(f"job {data['job_id']}: restart {data['restart']}/{data['max_restarts']} from the latest "
                   f"checkpoint (furthest step {data['step']}): {data['reason']}", flush=True)
 
-    from orchestrator.detach import record_self
+    from orchestrator.detach import forget_self, record_self
     record_self(prepared.plan.job_id)
     sup = Supervisor(prepared.plan)
     _supervisor_signals(sup, prepared.plan.run_dir)
@@ -161,13 +161,14 @@ def cmd_submit(args) -> int:
         result = api.submit(prepared, on_line=on_line, on_beat=progress.feed, on_event=on_event, supervisor=sup)
     finally:
         progress.close()
+        forget_self(prepared.plan.job_id)
     job = prepared.plan.job_id
     if result.state == "COMPLETED":
         from orchestrator.cli.views import completed_text
         print(completed_text(job, result_line))
         return 0
     print(f"job {job} {result.state}: {result.root_cause}", file=sys.stderr)
-    return result.returncode or 1
+    return 130 if result.state == "CANCELLED" else 1
 
 
 def _supervisor_signals(sup, run_dir: str) -> None:
@@ -222,13 +223,18 @@ def cmd_status(args) -> int:
 
 def cmd_logs(args) -> int:
     import time
+    from orchestrator import api
     from orchestrator.cli.logtail import LogTail
     from orchestrator.store import JobStore
     rec = _record(args.job)
     tail = LogTail(rec.run_dir, node=args.node, rank=args.rank, grep=args.grep)
     tail.drain()
+    last_check = time.monotonic()
     while args.follow:
         state = JobStore().get(rec.id).state
+        if time.monotonic() - last_check > 10:  # nobody may be supervising it any more: ask its backend
+            last_check = time.monotonic()
+            state = api.reconcile(JobStore().get(rec.id))[0].state
         time.sleep(0.5)
         tail.drain()
         if is_terminal(state):
@@ -249,9 +255,14 @@ def cmd_attach(args) -> int:
     progress = Progress(rich=use_rich(args.color))
     beats = HeartbeatTail(Path(rec.run_dir) / "heartbeats", {0})
     tail = LogTail(rec.run_dir)
+    last_check = time.monotonic()
     try:
         while True:
             state = JobStore().get(rec.id).state
+            if time.monotonic() - last_check > 10:  # nobody may be supervising it any more: ask its backend
+                last_check = time.monotonic()
+                from orchestrator import api
+                state = api.reconcile(JobStore().get(rec.id))[0].state
             if not args.quiet:
                 tail.drain()
             for b in beats.read():
@@ -266,7 +277,7 @@ def cmd_attach(args) -> int:
     progress.close()
     rec = JobStore().get(rec.id)
     print(f"job {rec.id} {rec.state}" + (f": {rec.root_cause}" if rec.root_cause else ""))
-    return 0 if rec.state == "COMPLETED" else (rec.exit_code or 1)
+    return 0 if rec.state == "COMPLETED" else 130 if rec.state == "CANCELLED" else 1
 
 
 def cmd_plot(args) -> int:

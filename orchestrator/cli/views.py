@@ -163,22 +163,6 @@ def completed_text(job: str, result: dict[str, Any]) -> str:
 
 
 def last_step(run_dir: str) -> int | None:
-    """The furthest step any rank reported (cheap: reads only the end of each heartbeat file)."""
-    best = None
-    for path in Path(run_dir, "heartbeats").glob("rank*.jsonl"):
-        try:
-            with open(path, "rb") as f:
-                f.seek(0, 2)
-                f.seek(max(0, f.tell() - 4096))
-                tail = f.read().splitlines()
-        except OSError:
-            continue
-        for line in reversed(tail):
-            try:
-                step = json.loads(line).get("step")
-            except ValueError:
-                continue
-            if isinstance(step, int):
-                best = step if best is None else max(best, step)
-                break
-    return best
+    """The latest step any rank reported (cheap: the end of each heartbeat file)."""
+    from orchestrator.node.rundir import RunDir
+    return RunDir(run_dir).furthest_step(tail_bytes=4096)

@@ -72,8 +72,12 @@ class LocalJob:
         self._threads: list[threading.Thread] = []
         run_dir.mkdir(RunDir.LOGS)
         for node in submission.nodes:
-            proc = subprocess.Popen(list(node.argv), env=dict(os.environ), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                proc = subprocess.Popen(list(node.argv), env=dict(os.environ), stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            except OSError:
+                self.stop("start failed", grace)  # the agents already started go too
+                raise
             self.procs[node.node_rank] = proc
             t = threading.Thread(target=self._pump, args=(node.node_rank, proc), daemon=True,
                                  name=f"local-node{node.node_rank}")
@@ -103,6 +107,7 @@ class LocalJob:
             log.write(pending.decode(errors="replace"))
             self.q.put(Line(rank, pending.decode(errors="replace")))
         log.close()
+        proc.stdout.close()
         rc = proc.wait()
         rec = self.rd.exit(rank)
         self.q.put(NodeEnded(rank, self.nodes[rank], rec.returncode if rec else rc, self.rd.log_tail(rank), rec,
@@ -141,10 +146,10 @@ class LocalJob:
                     signal_pids(marked(rec.token), signal.SIGKILL)
         threading.Thread(target=hard_kill, daemon=True).start()
 
-    def stopped_ranks(self) -> dict[int, int]:
+    def stopped_ranks(self, stacks: bool = True) -> dict[int, int]:
         from orchestrator.node.ops import keep_stacks, stopped_ranks
         pids, stopped = stopped_ranks(self.rd)
-        if pids:
+        if pids and stacks:
             keep_stacks(self.rd, pids, set(stopped))
         return stopped
 

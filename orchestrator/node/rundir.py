@@ -293,13 +293,18 @@ class RunDir:
                 continue
         return sorted(out)
 
-    def furthest_step(self) -> int | None:
-        """The highest global step any rank reported (restart progress)."""
+    def furthest_step(self, tail_bytes: int | None = None) -> int | None:
+        """The highest global step any rank reported (restart progress). `tail_bytes`: read only that much of the end
+        of each heartbeat file (cheap, for listings: the latest steps, not an earlier attempt's furthest)."""
         best = None
         d = self.heartbeats
         for f in sorted(d.glob("rank*.jsonl")) if d.is_dir() else []:
             try:
-                lines = f.read_text(errors="replace").splitlines()
+                with open(f, "rb") as fh:
+                    if tail_bytes:
+                        fh.seek(0, os.SEEK_END)
+                        fh.seek(max(0, fh.tell() - tail_bytes))
+                    lines = fh.read().decode(errors="replace").splitlines()
             except OSError:
                 continue
             for line in lines:

@@ -1,12 +1,12 @@
-"""The rank program of the fault suite (never imports orchestrator): joins the gloo group `accelerate launch` set
-up, then steps (an all-reduce per step), writing one heartbeat per step in the contract's format with its own host
-name, and writes its pid so a test can signal it. Modes: `loop`; `exit:R:C`: rank R calls sys.exit(C) at step 5;
+"""The rank program of the fault suite, a plain torch.distributed loop that never imports orchestrator and writes no
+heartbeat itself: it joins the gloo group `accelerate launch` set up, then steps (an all-reduce and an SGD step of
+its own optimizer per step); the heartbeats come from orchestrate's zero-code hook (torch's global optimizer-step
+hook, installed by the sitecustomize the node agent puts on the ranks' PYTHONPATH). It writes its pid so a test can
+signal it. Modes: `loop`; `exit:R:C`: rank R calls sys.exit(C) at step 5;
 `restart:S`: the first attempt (counted in OUT/attempts) fails on rank 1 at step 5, the next sleeps S seconds before
 its first step (a start-up slower than the stall timeout) and finishes at step 10."""
 
-import json
 import os
-import socket
 import sys
 import time
 
@@ -19,8 +19,8 @@ with open(os.path.join(out_dir, f"pid{rank}"), "w") as f:
     f.write(str(os.getpid()))
 dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=120))
 t = torch.tensor([1.0])
-hb = open(os.path.join(os.environ["ORCHESTRATE_HEARTBEAT_DIR"], f"rank{rank}.jsonl"), "a")
-host = socket.gethostname()
+w = torch.nn.Parameter(torch.zeros(4))
+opt = torch.optim.SGD([w], lr=0.1)
 step = 0
 attempt = 1
 if mode.startswith("restart:"):
@@ -36,9 +36,9 @@ if mode.startswith("restart:"):
 while True:
     dist.all_reduce(t)
     step += 1
-    hb.write(json.dumps({"t": time.time(), "rank": rank, "host": host, "step": step, "max_steps": None,
-                         "loss": 1.0 / step, "tokens": step, "event": "step"}) + "\n")
-    hb.flush()
+    opt.zero_grad()
+    (w.sum() * 0.0 + float(step)).backward()
+    opt.step()
     if mode.startswith("exit:") and rank == int(mode.split(":")[1]) and step == 5:
         print(f"fault probe: rank {rank} exits on purpose", flush=True)
         dist.destroy_process_group()  # local only; a live gloo group can abort the interpreter at exit (SIGABRT)

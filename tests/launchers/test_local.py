@@ -122,7 +122,7 @@ def test_sigkilled_rank_tears_down_every_node(tmp_path):
     assert gone < 10
 
 
-def test_ctrl_c_stops_everything(tmp_path):
+def test_ctrl_c_stops_everything(tmp_path, job_guard):
     prep, out = probe_prepared(tmp_path, 2, 1, "loop")
     script = (f"import sys, dataclasses; sys.path.insert(0, {str(REPO)!r})\n"
               "from orchestrator import api\nfrom orchestrator.core.jobplan import LaunchPlan\n"
@@ -131,8 +131,8 @@ def test_ctrl_c_stops_everything(tmp_path):
               "sys.exit(r.returncode)\n")
     import pickle
     (tmp_path / "prep.pkl").write_bytes(pickle.dumps(prep))
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=dict(os.environ))
+    proc = job_guard.spawn([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, env=dict(os.environ))  # SIGINT at its default, however pytest was started
     deadline = time.monotonic() + 60
     while not all((out / f"rank{r}.json").exists() for r in range(2)):
         assert time.monotonic() < deadline, "probe did not start"
@@ -145,13 +145,13 @@ def test_ctrl_c_stops_everything(tmp_path):
     wait_gone(pids, 10)
 
 
-def test_killed_submitter_leaves_no_orphans(tmp_path):
+def test_killed_submitter_leaves_no_orphans(tmp_path, job_guard):
     prep, out = probe_prepared(tmp_path, 2, 1, "loop")
     import pickle
     (tmp_path / "prep.pkl").write_bytes(pickle.dumps(prep))
     script = (f"import sys, pickle; sys.path.insert(0, {str(REPO)!r})\nfrom orchestrator import api\n"
               f"api.submit(pickle.load(open({str(tmp_path / 'prep.pkl')!r}, 'rb')))\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = job_guard.spawn([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not all((out / f"rank{r}.json").exists() for r in range(2)):
         assert time.monotonic() < deadline, "probe did not start"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import spawn
 from slurm_helpers import (REPO, WORK, heartbeat_step, local_cluster, node_namespace_leftovers, trivial_plan,
                            wait_clean, wait_until)
 from orchestrator.types import JobHandle
@@ -325,6 +326,10 @@ def test_sft_scontrol_requeue_checkpoints_and_resumes(slurm_cluster):
     assert m and int(m.group(1)) >= 20
     assert r["global_step"] == 300
     assert L.query(h.handle)["restarts"] >= 1
+    from orchestrator.api import restart_count
+    attempts = RunDir(run_dir).attempts()
+    assert restart_count(RunDir(run_dir)) >= 1, attempts  # counted by us too, with its reason
+    assert any("requeued by SLURM" in a.reason for a in attempts), attempts
 
 
 @pytest.mark.health
@@ -336,7 +341,7 @@ def test_cli_job_outlives_its_submitting_terminal(slurm_cluster, tmp_path):
                TRANSFORMERS_OFFLINE="1")
     work = os.environ.get("ORCHESTRATE_SLURM_WORK", "/tmp/orchestrate-slurm-work")
     cli = [sys.executable, "-m", "orchestrator.cli"]
-    proc = subprocess.Popen([*cli, "submit", "recipes/configs/sft_tiny.yaml", "--nodes", "2", "--cluster",
+    proc = spawn([*cli, "submit", "recipes/configs/sft_tiny.yaml", "--nodes", "2", "--cluster",
                              str(REPO / "cluster_configs" / "slurm_local.yaml"),
                              f"cluster.slurm.python={sys.executable}",
                              f"cluster.slurm.workdir={work}", "trainer.max_steps=40",

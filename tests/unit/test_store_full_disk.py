@@ -148,3 +148,19 @@ def test_cli_submit_on_a_full_disk_is_one_line(small_fs):
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert len(lines) == 1 and lines[0].startswith("orchestrate: error: ") and "no space left on device" in lines[0], \
         r.stderr[-3000:]
+
+
+def test_node_log_on_a_full_disk_keeps_streaming(small_fs):
+    """The local backend's node log writer (launchers/local.py): when its file cannot be written (no space), every
+    line still reaches the supervisor (and the terminal), the problem is said once, and writing resumes with space."""
+    from orchestrator.launchers.local import _LogFile
+    said: list[str] = []
+    log = _LogFile(small_fs / "node0.log", said.append)
+    filler = fill(small_fs)
+    for i in range(200):
+        log.write(f"line {i} " + "x" * 200)
+    assert len(said) == 1 and "no space left on device" in said[0], said
+    filler.unlink()  # space is back
+    log.write("after the disk was freed")
+    log.close()
+    assert "after the disk was freed" in (small_fs / "node0.log").read_text()

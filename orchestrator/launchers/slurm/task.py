@@ -39,7 +39,7 @@ def note_external_requeue(run_dir: Path, restart_count: int, job_id: str) -> Non
     """A run started by a requeue nobody here decided (`scontrol requeue`, a node failure): count it too, once."""
     from orchestrator.node.rundir import AttemptRecord, RunDir
     rd = RunDir(run_dir)
-    known = sum(1 for a in rd.attempts() if a.decision == "restart" and a.slurm_job_id in (job_id, ""))
+    known = sum(1 for a in rd.attempts() if a.decision == "restart" and a.slurm_job_id == job_id)
     if restart_count > known:
         rd.append_attempt(AttemptRecord(t=time.time(), attempt=restart_count - 1, decision="restart",
                                         reason="requeued by SLURM (scontrol requeue, or a node failure)",

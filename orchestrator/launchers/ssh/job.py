@@ -144,8 +144,8 @@ class SSHJob:
                 threading.Thread(target=teardown_node, args=(self, n, grace), daemon=True,
                                  name=f"ssh-teardown{n.rank}").start()
 
-    def stopped_ranks(self) -> dict[int, int]:
-        return diagnose(self, self.python)
+    def stopped_ranks(self, stacks: bool = True) -> dict[int, int]:
+        return diagnose(self, self.python)  # the agents' --diagnose keeps stacks on each host
 
     def close(self) -> None:
         for n in self.node_list:
@@ -198,8 +198,11 @@ def copy_with(sftp: Any, local: Path, rels: list[str], remote: str) -> None:
 
 def pump(job: SSHJob, node: Node) -> None:
     """One node's output -> RUN_DIR/logs/node<R>.log and events; at its end, a NodeEnded with the agent's record."""
-    fd = os.open(job.rd.log(node.rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    log = os.fdopen(fd, "ab", buffering=0)
+    try:
+        fd = os.open(job.rd.log(node.rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = os.fdopen(fd, "ab", buffering=0)
+    except OSError:  # a full disk / unwritable run dir: the lines still stream
+        log = open(os.devnull, "ab", buffering=0)
     buf = node.pending  # what arrived after the probe line
     quiet_since = None
     try:
@@ -328,7 +331,7 @@ def fetch_back(job: SSHJob) -> None:
         return
 
     def one(host: str) -> None:
-        n = node_at_host(job.nodes, host)
+        n = node_at_host(job.node_list, host)
         conn = job.pool.conns.get(host)
         if conn is None or not conn.alive:
             return
@@ -349,7 +352,7 @@ def fetch_back(job: SSHJob) -> None:
                     pass
 
     try:
-        job.pool.map(one, [n.host for n in job.nodes])
+        job.pool.map(one, [n.host for n in job.node_list if not n.lost])
     except Exception:  # noqa: BLE001 - best effort
         pass
 
@@ -395,7 +398,3 @@ def node_at_host(nodes: list[Node], host: str) -> Node:
 
 def rank_at_host(nodes: list[Node], host: str) -> int:
     return node_at_host(nodes, host).rank
-
-
-def node_at_rank(nodes: list[Node], rank: int) -> Node:
-    return next(n for n in nodes if n.rank == rank)

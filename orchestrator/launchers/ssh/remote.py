@@ -128,15 +128,3 @@ def teardown_command(wrapper_pid: int | None, pgids: list[int], grace_s: float, 
         from orchestrator.node.agent import agent_argv
         cmd += " ; " + remote_command(agent_argv(python, run_dir, node_rank=rank, action="kill", grace=grace_s))
     return cmd
-
-
-# Lists which of the given process groups still have a live (non-zombie) process: "PGID PID STAT CMD".
-SCAN = r"""
-groups=" $* "
-ps -e -o pgid=,pid=,stat=,comm= | awk -v g="$groups" 'index(g, " " $1 " ") && $3 !~ /^Z/'
-"""
-
-
-def scan_command(pgids: list[int]) -> str:
-    from orchestrator.launchers.ssh.transport import remote_command
-    return remote_command(["sh", "-c", SCAN, "scan", *[str(int(p)) for p in pgids]])

@@ -22,10 +22,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import paramiko
 
+from orchestrator.core.spec import SSHSpec
+
 # paramiko logs protocol oddities of a dying link ("Success for unrequested channel!") at ERROR: they reach nobody.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
-
-from orchestrator.core.spec import SSHSpec
 
 POOL_THREADS = 16
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

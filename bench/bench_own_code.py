@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Own code, time to first step (issue #12; not CI): `orchestrate submit my_job.yaml --nodes 2` (local backend, with
+the zero-code hooks in the ranks) vs hand-run per-node `accelerate launch --config_file nodeR.yaml train.py ...`
+with the same rendered configs, interleaved, same run. The user script (tests/faults/user_train.py plus a callback
+of its own that prints when its first optimizer step ended) is the same for both.
+
+    python bench/bench_own_code.py [--repeat 5] [--steps 4]
+
+Reports each side's median, the ratio of medians and the paired ratios' median and range (goal <= 1.0).
+Results: bench/results/own_code.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+SCRIPT = '''
+import sys, time, runpy
+from transformers import TrainerCallback, Trainer
+class FirstStep(TrainerCallback):
+    done = False
+    def on_step_end(self, args, state, control, **kw):
+        if not FirstStep.done and args.process_index == 0:
+            FirstStep.done = True
+            print(f"USER_FIRST_STEP {time.time():.6f}", flush=True)
+_init = Trainer.__init__
+def init(self, *a, **k):
+    _init(self, *a, **k)
+    self.add_callback(FirstStep())
+Trainer.__init__ = init
+sys.argv = [sys.argv[0]] + sys.argv[1:]
+runpy.run_path("%s", run_name="__main__")
+''' % (REPO / "tests" / "faults" / "user_train.py")
+
+
+def first_step(text: str) -> float:
+    m = re.search(r"USER_FIRST_STEP (\d+\.\d+)", text)
+    assert m, text[-3000:]
+    return float(m.group(1))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=4)
+    args = ap.parse_args()
+    env = {**os.environ, **OFFLINE}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-own-"))
+    env["ORCHESTRATE_HOME"] = str(tmp / "home")
+    sys.path.insert(0, str(REPO))
+    os.environ.update(OFFLINE)
+    from recipes.tiny import resolve_model_path
+    model = resolve_model_path("tiny-llama")
+    script = tmp / "train.py"
+    script.write_text(SCRIPT)
+    data = REPO / "recipes" / "data" / "sft_tiny.jsonl"
+
+    def job(tag: str) -> Path:
+        p = tmp / f"{tag}.yaml"
+        p.write_text(json.dumps({"run": {"script": str(script), "args": [model, str(data), str(tmp / tag / "out"),
+                                                                         str(args.steps)]}}))
+        return p
+
+    cli = [sys.executable, "-m", "orchestrator.cli"]
+
+    def ours(i: int) -> float:
+        t0 = time.time()
+        r = subprocess.run([*cli, "submit", str(job(f"ours{i}")), "--nodes", "2"], capture_output=True, text=True,
+                           env=env, cwd=REPO, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        return first_step(r.stdout) - t0
+
+    def anchor(i: int) -> float:
+        d = tmp / f"anchor{i}"
+        r = subprocess.run([*cli, "render", str(job(f"anchor{i}")), "--nodes", "2", "--out", str(d)],
+                           capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+        assert r.returncode == 0, r.stderr
+        node_env = {**env, "GLOO_SOCKET_IFNAME": "lo"}
+        t0 = time.time()
+        procs = [subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                                   str(d / "nodes" / str(rank) / "accelerate.yaml"), str(script), model, str(data),
+                                   str(tmp / f"anchor{i}" / "out"), str(args.steps)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=node_env)
+                 for rank in range(2)]
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs[0][-2000:]
+        return first_step(outs[0]) - t0
+
+    ours(99)  # warm the caches (model, datasets, page cache) for both sides
+    runs = {"ours": [], "anchor": []}
+    for i in range(args.repeat):  # interleaved: drift on the machine hits both alike
+        runs["anchor"].append(anchor(i))
+        runs["ours"].append(ours(i))
+        print(f"run {i}: ours {runs['ours'][-1]:.2f}s anchor {runs['anchor'][-1]:.2f}s", flush=True)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    paired = sorted(o / a for o, a in zip(runs["ours"], runs["anchor"], strict=True))
+    result = {"repeat": args.repeat, "steps": args.steps, "first_step_s": med, "ratio": med["ours"] / med["anchor"],
+              "paired_ratio_median": statistics.median(paired), "paired_ratio_range": [paired[0], paired[-1]],
+              "runs": runs}
+    print(f"own code, time to first step (median of {args.repeat}): ours {med['ours']:.2f}s, hand-run accelerate "
+          f"launch {med['anchor']:.2f}s, ratio of medians {result['ratio']:.3f}; paired median "
+          f"{result['paired_ratio_median']:.3f}, range {paired[0]:.3f}-{paired[-1]:.3f} (goal <= 1.0)")
+    out = REPO / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "own_code.json").write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

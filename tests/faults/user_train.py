@@ -1,0 +1,41 @@
+"""A user's own Hugging Face Trainer script (never imports orchestrator): causal-LM fine-tuning of a local model on
+chat `messages` JSONL, on CPU. Every rank prints `USER_PARAMS {"rank", "sha", "world"}` when training returns (its
+parameters' hash: equal on every rank iff gradients were synced).
+
+usage: user_train.py MODEL_DIR DATA_JSONL OUTPUT_DIR MAX_STEPS
+"""
+
+import hashlib
+import json
+import os
+import sys
+
+from datasets import load_dataset
+from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer,
+                          TrainingArguments)
+
+
+def main() -> None:
+    model_dir, data, output_dir, max_steps = sys.argv[1:5]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    ds = load_dataset("json", data_files=data, split="train")
+    ds = ds.map(lambda ex: tok(tok.apply_chat_template(ex["messages"], tokenize=False), truncation=True,
+                               max_length=128), remove_columns=ds.column_names)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+    args = TrainingArguments(output_dir=output_dir, max_steps=int(max_steps), per_device_train_batch_size=4,
+                             learning_rate=3e-3, logging_steps=1, save_strategy="no", use_cpu=True, report_to="none",
+                             disable_tqdm=True, dataloader_num_workers=0, seed=42)
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+    trainer.train()
+    sha = hashlib.sha256()
+    for p in model.parameters():
+        sha.update(p.detach().cpu().numpy().tobytes())
+    print("USER_PARAMS " + json.dumps({"rank": int(os.environ.get("RANK", "0")), "sha": sha.hexdigest()[:16],
+                                       "world": int(os.environ.get("WORLD_SIZE", "1"))}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
