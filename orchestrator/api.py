@@ -58,13 +58,103 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def detect_accelerator(cluster: ClusterSpec) -> str:
+    """cpu | gpu. Local `auto`: gpu when this machine shows NVIDIA GPUs this process may use (CUDA_VISIBLE_DEVICES
+    honoured; ORCHESTRATE_NVIDIA_SMI names a stand-in nvidia-smi); SLURM: gpu when GPUs are requested; SSH: gpu."""
     if cluster.accelerator != "auto":
         return cluster.accelerator
     if cluster.kind == "local":
-        return "gpu" if Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists() else "cpu"
+        from orchestrator.node import gpus
+        if not gpus.has_driver() and gpus.visible() is None:
+            return "cpu"  # the cheap look first: no device files, no driver, no override
+        count = gpus.count_visible()
+        return "cpu" if count == 0 else "gpu"  # None (nvidia-smi failed on a machine with the driver): gpu
     if cluster.kind == "slurm":
         return "gpu" if cluster.slurm and cluster.slurm.gpus_per_node > 0 else "cpu"
     return "gpu"
+
+
+def gpu_facts(recipe, cluster: ClusterSpec, accelerator: str) -> tuple[dict[str, int] | None, tuple[int, ...]]:
+    """(GPUs per host, GPUs of this machine bound to other live local jobs) for the planner (docs/gpus.md).
+    Local: this machine's GPUs (CUDA_VISIBLE_DEVICES honoured). SSH: asked from the hosts (nvidia-smi through
+    `python -m orchestrator.node.gpus`) only when the plan needs the count (procs_per_node auto, ssh.gpus_per_node
+    not given); the pre-flight checks every host at submit anyway. SLURM: the allocation (slurm.gpus_per_node)."""
+    if accelerator != "gpu":
+        return None, ()
+    if cluster.kind == "local":
+        from orchestrator.node import gpus
+        count = gpus.count_visible()
+        return ({"localhost": count} if count is not None else None), busy_local_gpus()
+    if (cluster.kind == "ssh" and cluster.ssh is not None and cluster.ssh.gpus_per_node is None
+            and recipe.launch.procs_per_node == "auto" and recipe.launch.nodes <= len(cluster.ssh.hosts)):
+        return ssh_gpu_counts(cluster, list(cluster.ssh.hosts[:recipe.launch.nodes])), ()
+    return None, ()
+
+
+def busy_local_gpus() -> tuple[int, ...]:
+    """GPUs (this machine's indices) that live local jobs' nodes are bound to: a new job's emulated nodes use others.
+    Reads the job store only when it exists (a dry run creates nothing)."""
+    from orchestrator.core.jobplan import LaunchPlan
+    from orchestrator.node.proctools import alive
+    if not (_home() / "jobs.db").is_file():
+        return ()
+    from orchestrator.store import JobStore
+    busy: set[int] = set()
+    try:
+        records = JobStore().list(200)
+    except Exception:  # noqa: BLE001 - an unreadable store hides no GPU: plan as if none were busy
+        return ()
+    for rec in records:
+        if rec.backend != "local" or is_terminal(rec.state):
+            continue
+        rd = RunDir(rec.run_dir)
+        try:
+            plan = LaunchPlan.from_json(rd.path(RunDir.PLAN).read_text())
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        for node in plan.node_plans:
+            agent = rd.agent(node.node_rank)
+            if agent is not None and alive(agent.agent_pid):
+                busy.update(int(g) for g in node.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip().isdigit())
+    return tuple(sorted(busy))
+
+
+def ssh_gpu_counts(cluster: ClusterSpec, hosts: list[str]) -> dict[str, int]:
+    """{host: GPUs its node agent's python may use}, asked over SSH; ConfigError naming a host that cannot tell."""
+    from orchestrator.launchers.ssh.transport import Pool, remote_command
+    assert cluster.ssh is not None
+    argv = [cluster.ssh.python, "-m", "orchestrator.node.gpus"]
+    try:
+        pool = Pool(cluster.ssh)
+    except (OSError, ValueError) as e:  # no known_hosts / key file: nothing can be asked
+        raise ConfigError(Problem("launch.procs_per_node", f"auto needs the hosts' GPU counts, which cannot be asked "
+                                  f"({e}); give launch.procs_per_node or ssh.gpus_per_node"),
+                          source=cluster.source) from None
+    try:
+        def ask(host: str) -> int:
+            rc, out, err = pool.connect(host).run(remote_command(argv), timeout=60)
+            line = next((ln for ln in out.decode(errors="replace").splitlines() if ln.startswith("{")), "")
+            if rc != 0 or not line:
+                tail = (err or out).decode(errors="replace").strip().splitlines()
+                raise RuntimeError(f"exit {rc}" + (f": {tail[-1]}" if tail else ""))
+            inv = json.loads(line)
+            return len(inv["visible"]) if inv.get("visible") is not None else len(inv.get("gpus") or [])
+        found = pool.map(ask, hosts)
+    finally:
+        pool.close()
+    bad = {h: r for h, r in found.items() if isinstance(r, Exception)}
+    if bad:
+        raise ConfigError([Problem("launch.procs_per_node", f"auto needs the GPU count of {h}, which could not be "
+                                                            f"asked ({type(e).__name__}: {e}); give "
+                                                            "launch.procs_per_node or ssh.gpus_per_node")
+                           for h, e in bad.items()], source=cluster.source)
+    return {h: int(n) for h, n in found.items()}
+
+
+def passthrough_env(recipe) -> dict[str, str]:
+    """The submit environment's variables whose names start with a launch.env_passthrough prefix (the planner drops
+    secret-looking names and says so)."""
+    prefixes = tuple(recipe.launch.env_passthrough)
+    return {k: v for k, v in os.environ.items() if prefixes and k.startswith(prefixes)}
 
 
 def _looks_like_path(value: str) -> bool:
@@ -262,11 +352,14 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
         defaults = trainer_defaults(fields_key(recipe.run))
     else:
         output_dir = recipe.trainer["output_dir"]
+    accelerator = detect_accelerator(cluster)
+    inventory, busy = gpu_facts(recipe, cluster, accelerator)
     facts = PlanFacts(job_id=job_id, run_dir=run_dir or _run_dir_for(cluster, job_id), output_dir=output_dir,
-                      python=_python_for(cluster), port=port, accelerator=detect_accelerator(cluster),
+                      python=_python_for(cluster), port=port, accelerator=accelerator,
                       profile_name=profile_name, profile_config=profile_cfg, model_facts=model_facts(recipe),
                       hosts=cluster.ssh.hosts if cluster.ssh else (), run_module=run_module,
-                      trainer_defaults=defaults)
+                      trainer_defaults=defaults, gpu_inventory=inventory, gpu_busy=busy,
+                      passthrough_env=passthrough_env(recipe))
     plan = make_plan(recipe, cluster, facts, notes=notes)
     files = render_files(plan, recipe.to_dict())
     files.update(launcher_for(cluster).prepare(plan).files)  # e.g. the standalone job.sbatch (pure prepare)
@@ -299,21 +392,33 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
     policy = RestartPolicy(plan.health.max_restarts)
     launcher = launcher_for(prepared.cluster)
     attempt = 0
-    while True:
-        result = _run_once(prepared, launcher, sup, store, rd, attempt, on_event)
-        if result.state in (JobState.COMPLETED, JobState.CANCELLED) or sup.cancel.is_set():
-            break
-        ok, why = policy.record(rd, attempt, result.root_cause)
-        if not ok:
-            if plan.health.max_restarts:
-                result = dataclasses.replace(result, root_cause=f"{result.root_cause} ({why})")
-            break
-        attempt += 1
-        store.update(plan.job_id, JobState.RESTARTING, detail=f"{why}: {result.root_cause}"[:2000],
-                     restarts=restart_count(rd))
-        if on_event:
-            on_event("restart", {"job_id": plan.job_id, "restart": attempt, "max_restarts": plan.health.max_restarts,
-                                 "reason": result.root_cause, "step": rd.furthest_step()})
+    try:
+        while True:
+            if sup.cancel.is_set():  # cancelled between attempts (or before the first started)
+                result = JobResult(JobState.CANCELLED, 130, sup.cancel_reason)
+                break
+            result = _run_once(prepared, launcher, sup, store, rd, attempt, on_event)
+            if result.state in (JobState.COMPLETED, JobState.CANCELLED) or sup.cancel.is_set():
+                break
+            ok, why = policy.record(rd, attempt, result.root_cause, counted=attempt)
+            if not ok:
+                if plan.health.max_restarts:
+                    result = dataclasses.replace(result, root_cause=f"{result.root_cause} ({why})")
+                break
+            attempt += 1
+            store.update(plan.job_id, JobState.RESTARTING, detail=f"{why}: {result.root_cause}"[:2000],
+                         restarts=restart_count(rd))
+            if on_event:
+                on_event("restart", {"job_id": plan.job_id, "restart": attempt,
+                                     "max_restarts": plan.health.max_restarts, "reason": result.root_cause,
+                                     "step": rd.furthest_step()})
+    except BaseException as e:  # the supervisor itself failed: the job is not left RUNNING in the store
+        why = f"the supervisor failed: {type(e).__name__}: {str(e)[:300]}"
+        try:
+            store.update(plan.job_id, JobState.FAILED, detail=why, root_cause=why, exit_code=1, final=True)
+        except Exception:  # noqa: BLE001 - reconcile (ls/status) records it later
+            pass
+        raise
     restarts = restart_count(rd)
     store.update(plan.job_id, result.state, detail=result.root_cause or None, exit_code=result.returncode,
                  root_cause=result.root_cause or None, restarts=restarts)
@@ -327,6 +432,9 @@ def restart_count(rd: RunDir) -> int:
 
 def _run_once(prepared: Prepared, launcher, sup: Supervisor, store, rd: RunDir, attempt: int, on_event) -> JobResult:
     plan = prepared.plan
+    for r in range(plan.nodes):  # an earlier attempt's records must not speak for this one
+        for path in (rd.exit_file(r), rd.agent_file(r)):
+            path.unlink(missing_ok=True)
     submission = launcher.prepare(plan)
     if on_event and attempt == 0:
         on_event("submitting", {"job_id": plan.job_id, "run_dir": str(rd.root)})
@@ -394,7 +502,7 @@ def reconcile(rec):
                         is not None else bad.state) + (f": {bad.reason}" if bad.reason else ""))
         JobStore().update(rec.id, st.state, detail=why or None, root_cause=why or None,
                           restarts=restart_count(RunDir(rec.run_dir)),
-                          exit_code=0 if st.state == JobState.COMPLETED else 1)
+                          exit_code=0 if st.state == JobState.COMPLETED else 1, final=True)
         rec = JobStore().get(rec.id)
     return rec, st
 
@@ -415,14 +523,14 @@ def logs(job: str, node: int | None = None):
     return launcher.logs(handle, rd, node)
 
 
-def cancel(job: str, wait_s: float = 30.0) -> str:
+def cancel(job: str, wait_s: float = 90.0) -> str:
     """Cancel a job from any process: its supervisor is asked (a cancel request in the run dir + SIGTERM: it tears
     every node down and records CANCELLED); with no supervisor left, the backend is asked directly. Returns the
     final state; raises OrchestratorError when the job did not end within `wait_s`."""
     import signal as _signal
     from orchestrator.detach import live_supervisor
     from orchestrator.store import JobStore
-    rec = _record(job)
+    rec, _ = reconcile(_record(job))
     if is_terminal(rec.state):
         return rec.state
     rd = RunDir(rec.run_dir)
@@ -445,5 +553,5 @@ def cancel(job: str, wait_s: float = 30.0) -> str:
                                 f"it is still {JobStore().get(rec.id).state}")
     launcher, handle, rd = _backend(rec)
     launcher.cancel(handle, rd)
-    JobStore().update(rec.id, JobState.CANCELLED, detail=by, root_cause=by, exit_code=130)
-    return JobState.CANCELLED.value
+    JobStore().update(rec.id, JobState.CANCELLED, detail=by, root_cause=by, exit_code=130, final=True)
+    return JobStore().get(rec.id).state

@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from orchestrator.node.proctools import process_start_time
     phases.mark("boot", proc_start=process_start_time())
+    from orchestrator.node import preflight  # every node reaches every other, one all-reduce: before the model loads
+    if preflight.run_from_env():
+        return preflight.EXIT_CODE
     try:
         result = run(load_recipe(argv[0]))
     except RecipeError as e:

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # A real SLURM cluster on one machine, for tests and benchmarks (root only).
 #
-#   scripts/slurm_cluster.sh up     [--nodes N] [--dir D] [--subnet 10.203.17]
+#   scripts/slurm_cluster.sh up     [--nodes N] [--dir D] [--subnet 10.203.17] [--gpus 8,2]
 #   scripts/slurm_cluster.sh down   [--dir D]
 #   scripts/slurm_cluster.sh status [--dir D]
 #   scripts/slurm_cluster.sh env    [--dir D]      # prints: export SLURM_CONF=...
+#
+# --gpus: fake GPUs per node (GRES gpu on char devices made with mknod c 1 3), one count per node, the last one
+# repeated: the default 8,2 gives node1 gpu:8 and node2 gpu:2 (uneven on purpose: a 2-node job asking 8 per node is
+# refused, 2 per node fits). CPU jobs ask for no GRES and are not affected. ORCHESTRATE_SLURM_GPUS sets the default.
 #
 # Layout (root namespace): munged (private socket/key), a private MariaDB (own datadir and
 # socket, 127.0.0.1 on a spare port), slurmdbd, slurmctld. Each slurmd runs in its own network
@@ -25,7 +29,7 @@ DIR="${ORCHESTRATE_SLURM_DIR:-/tmp/orchestrate-slurm}"
 SUBNET="10.203.17"          # /24, bridge .1, nodeK .(10+K)
 BRIDGE="oslurm0"
 NS_PREFIX="osl-"
-GPUS_PER_NODE=2            # fake GPUs (gres on /dev/null-like char devices)
+GPUS="${ORCHESTRATE_SLURM_GPUS:-8,2}"   # fake GPUs per node (gres on /dev/null-like char devices), see --gpus
 CPUS_PER_NODE=2
 MEM_PER_NODE=2000
 PARTITION="debug"
@@ -38,7 +42,8 @@ while [ $# -gt 0 ]; do
         --nodes) NODES="$2"; shift 2;;
         --dir) DIR="$2"; shift 2;;
         --subnet) SUBNET="$2"; shift 2;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0;;
+        --gpus) GPUS="$2"; shift 2;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0;;
         *) echo "slurm_cluster.sh: unknown argument $1" >&2; exit 2;;
     esac
 done
@@ -176,6 +181,12 @@ do_down() {
 # ---------------------------------------------------------------------------------------------
 # up
 
+gpus_of() {  # gpus_of K: node K's fake GPU count from --gpus (a comma list, the last count repeated)
+    local k="$1" IFS=, n=0 i=0 c
+    for c in $GPUS; do i=$((i + 1)); n="$c"; [ "$i" -ge "$k" ] && break; done
+    echo "${n:-0}"
+}
+
 write_configs() {
     local first_job_id="$1"
     mkdir -p "$DIR/etc" "$DIR/dev"
@@ -223,9 +234,12 @@ EOF
     : > "$DIR/etc/gres.conf"
     echo "AutoDetect=off" >> "$DIR/etc/gres.conf"
     for k in $(seq 1 "$NODES"); do
-        echo "NodeName=node$k NodeHostname=node$k NodeAddr=$SUBNET.$((10 + k)) CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE Gres=gpu:$GPUS_PER_NODE State=UNKNOWN" >> "$DIR/etc/slurm.conf"
+        local n; n=$(gpus_of "$k")
+        local gres=""; [ "$n" -gt 0 ] && gres="Gres=gpu:$n "
+        echo "NodeName=node$k NodeHostname=node$k NodeAddr=$SUBNET.$((10 + k)) CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE ${gres}State=UNKNOWN" >> "$DIR/etc/slurm.conf"
+        [ "$n" -gt 0 ] || continue
         local files=""
-        for g in $(seq 0 $((GPUS_PER_NODE - 1))); do
+        for g in $(seq 0 $((n - 1))); do
             local dev="$DIR/dev/node$k-gpu$g"
             [ -e "$dev" ] || mknod "$dev" c 1 3
             files="$files${files:+,}$dev"
@@ -357,6 +371,7 @@ do_up() {
     local first; first=$(next_first_job_id)
     cat > "$DIR/cluster.env" <<EOF
 NODES=$NODES
+CLUSTER_GPUS=$GPUS
 SUBNET=$SUBNET
 BRIDGE=$BRIDGE
 NS_PREFIX=$NS_PREFIX

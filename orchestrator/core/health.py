@@ -9,7 +9,7 @@ A rank is hung when no heartbeat arrived for `stall_timeout` seconds after its f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class HealthSpec:
     max_restarts: int | None = None
     poll_interval: float = 1.0
     stack_dumps: bool = True
+    # Seconds for the ranks' network pre-flight (orchestrator.node.preflight: every node reaches every other over the
+    # real interface, one all-reduce on the real backend) before the model loads; 0 turns it off.
+    preflight_timeout: Annotated[float, "nonneg_number"] = 30.0
 
 
 @dataclass

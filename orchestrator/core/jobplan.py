@@ -18,6 +18,9 @@ PLAN_VERSION = 1
 LATE_MAIN_IP = "${main_process_ip}"
 # Paths of the run dir in a plan start with this; each node binds it to where its run dir is (node.rundir).
 RUN_DIR_VAR = "${RUN_DIR}"
+# `network_interface: auto`: the rank env's GLOO/NCCL_SOCKET_IFNAME until the node agent binds it to the interface
+# that routes to the main node (orchestrator.node.netcheck).
+LATE_IFNAME = "${network_interface}"
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,13 @@ class LaunchPlan:
     run_kind: str = "recipe"  # recipe (built-in: -m recipes.run) | script | module | trl
     run_target: str = ""  # script: its absolute path; module: its name; trl: the subcommand (sft, grpo, ...)
     run_paths: tuple[str, ...] = ()  # own code: the absolute local paths its command names (script, path-like args)
+    # GPUs (docs/gpus.md): what each node gives the job (the SLURM allocation, the hosts' or this machine's GPUs, or
+    # the `gpus:` subset); None: a CPU job, or not known when planning (the SSH pre-flight asks the hosts).
+    gpus_per_node: int | None = None
+    gpu_ids: tuple[int, ...] = ()  # the `gpus:` subset of every node (indices into what the node may use); (): all
+    allow_idle_gpus: bool = False
+    network_interface: str | None = None  # the interface every node must have, "auto" (bound per node), None: any
+    env_passthrough: tuple[str, ...] = ()  # names of the submitter's variables in the env (launch.env_passthrough)
 
     def node(self, rank: int) -> NodePlan:
         return self.node_plans[rank]
@@ -91,6 +101,8 @@ class LaunchPlan:
         d["secret_env"] = list(self.secret_env)
         d["warnings"] = list(self.warnings)
         d["run_paths"] = list(self.run_paths)
+        d["gpu_ids"] = list(self.gpu_ids)
+        d["env_passthrough"] = list(self.env_passthrough)
         for name in _UNSET_LEFT_OUT:  # fields added after version 1: written when they say something (a built-in
             if d[name] == _DEFAULTS[name]:  # recipe's plan.json keeps its bytes)
                 del d[name]
@@ -106,6 +118,8 @@ class LaunchPlan:
         d["secret_env"] = tuple(d.get("secret_env", ()))
         d["warnings"] = tuple(d.get("warnings", ()))
         d["run_paths"] = tuple(d.get("run_paths", ()))
+        d["gpu_ids"] = tuple(d.get("gpu_ids", ()))
+        d["env_passthrough"] = tuple(d.get("env_passthrough", ()))
         d["parallelism"] = dict(d["parallelism"])
         d["health"] = HealthSpec(**(d.get("health") or {}))
         return cls(**d)
@@ -115,5 +129,7 @@ class LaunchPlan:
         return cls.from_dict(json.loads(text))
 
 
-_UNSET_LEFT_OUT = ("run_kind", "run_target", "run_paths")
-_DEFAULTS: dict[str, Any] = {"run_kind": "recipe", "run_target": "", "run_paths": []}
+_UNSET_LEFT_OUT = ("run_kind", "run_target", "run_paths", "gpus_per_node", "gpu_ids", "allow_idle_gpus",
+                   "network_interface", "env_passthrough")
+_DEFAULTS: dict[str, Any] = {"run_kind": "recipe", "run_target": "", "run_paths": [], "gpus_per_node": None,
+                             "gpu_ids": [], "allow_idle_gpus": False, "network_interface": None, "env_passthrough": []}

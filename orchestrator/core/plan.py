@@ -22,7 +22,8 @@ from typing import Any
 
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.core.health import HealthSpec
-from orchestrator.core.jobplan import LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan, NodePlan
+from orchestrator.core.jobplan import LATE_IFNAME, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan, NodePlan
+from orchestrator.core.schema import is_secret_name
 from orchestrator.core.spec import ClusterSpec, JobSpec, RecipeSpec, RunJobSpec, run_settings
 
 # accelerate's ClusterConfig fields (accelerate/commands/config/config_args.py); a unit test keeps this in sync.
@@ -39,6 +40,12 @@ DISTRIBUTED_TYPES = frozenset({"NO", "MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MUL
 TRAINER_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
 DEFAULT_MAX_LENGTH = {"sft": 1024, "dpo": 1024, "cp": 1024}
 RECIPE_ENTRY = ("-m", "recipes.run", f"{RUN_DIR_VAR}/recipe.yaml")  # what a rank runs for a built-in recipe
+# Hang forensics on GPU: NCCL's flight recorder, dumped next to the py-spy stacks on a collective timeout, or on demand
+# by writing to RUN_DIR/stacks/nccl_pipe_rank_<G>.pipe (what a hang verdict can do before the teardown).
+NCCL_FORENSICS = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                  "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{RUN_DIR_VAR}/stacks/nccl_trace_rank_",
+                  "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{RUN_DIR_VAR}/stacks/nccl_pipe_rank_"}
+PREFLIGHT_TIMEOUT_VAR = "ORCHESTRATE_PREFLIGHT_TIMEOUT"  # = orchestrator.node.preflight.TIMEOUT_VAR
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,11 @@ class PlanFacts:
     hosts: tuple[str, ...] = ()  # ssh: the cluster's hosts; local: empty
     run_module: str | None = None  # a `trl:` job: the module of the installed TRL that runs the subcommand on a rank
     trainer_defaults: dict[str, Any] | None = None  # own code: defaults of the config its args fill (None: unknown)
+    # GPUs a node may use, by host ("localhost": this machine, CUDA_VISIBLE_DEVICES honoured; ssh: each host's
+    # nvidia-smi); None: not asked (SLURM: the allocation, slurm.gpus_per_node, is the fact)
+    gpu_inventory: dict[str, int] | None = None
+    gpu_busy: tuple[int, ...] = ()  # local: GPUs other live jobs on this machine are bound to
+    passthrough_env: dict[str, str] | None = None  # the submitter's variables matching launch.env_passthrough
 
 
 def check_accelerate_config(cfg: Any, where: str) -> list[Problem]:
@@ -196,7 +208,8 @@ def _rules(recipe: JobSpec, par: dict[str, int], dist: str, facts: PlanFacts, pr
                                                              f"tp = {size}"))
 
 
-def _cluster_rules(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, problems: list[Problem]) -> None:
+def _cluster_rules(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, ppn: int,
+                   problems: list[Problem]) -> None:
     nodes = recipe.launch.nodes
     if cluster.kind == "ssh":
         hosts = facts.hosts
@@ -204,7 +217,153 @@ def _cluster_rules(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, prob
             problems.append(Problem("launch.nodes", f"{nodes} nodes asked but cluster {cluster.name!r} lists only "
                                                     f"{len(hosts)} host(s)"))
     if cluster.kind == "slurm" and cluster.slurm is not None:
-        problems.extend(slurm_problems(cluster.slurm, cluster.name, recipe.launch.procs_per_node, facts.accelerator))
+        problems.extend(slurm_problems(cluster.slurm, cluster.name, ppn, facts.accelerator))
+
+
+# ----------------------------------------------------------------------------------------- GPUs (docs/gpus.md)
+
+@dataclass(frozen=True)
+class GpuLayout:
+    """How a job's processes sit on its nodes' GPUs."""
+
+    procs_per_node: int
+    gpus_per_node: int | None  # what each node gives the job; None: CPU, or not known when planning
+    visible: tuple[tuple[int, ...], ...] | None  # each node's CUDA_VISIBLE_DEVICES; None: left to the node
+    subset: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def _ids(ids: list[int] | tuple[int, ...]) -> str:
+    return ",".join(str(i) for i in ids)
+
+
+def _idle(idle: str, why: str, fix: str) -> Problem:
+    """Allocated (or present) GPUs left without a process: a plan error naming the numbers."""
+    return Problem("launch.procs_per_node", f"{idle} would be idle ({why}): {fix}, or set launch.allow_idle_gpus: "
+                                            "true")
+
+
+def gpu_layout(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, problems: list[Problem]) -> GpuLayout:
+    """Processes per node (`auto`: one per GPU a node gives the job; 1 on CPU), the GPUs each node uses and the
+    problems: more processes than GPUs, GPUs left idle (unless launch.allow_idle_gpus), hosts with different GPU
+    counts, `gpus:` indices a node does not have. Local emulated nodes split this machine's GPUs into disjoint sets;
+    a `gpus:` subset (launch.gpus, else the cluster's gpus) is the GPUs each node uses."""
+    launch = recipe.launch
+    nodes, asked, allow = launch.nodes, launch.procs_per_node, launch.allow_idle_gpus
+    auto = asked == "auto"
+    subset = tuple(launch.gpus or cluster.gpus or ())
+    where = "launch.gpus" if launch.gpus else "gpus"
+    fixed = 1 if auto else int(asked)
+    if facts.accelerator != "gpu":
+        return GpuLayout(fixed, None, None, (), (f"{where} ignored on a CPU cluster",) if subset else ())
+    notes: list[str] = []
+    unknown = ("launch.procs_per_node: auto = 1 process per node: how many GPUs each node has is not known here "
+               "(give launch.procs_per_node)")
+    if cluster.kind == "local":
+        total = (facts.gpu_inventory or {}).get("localhost") if facts.gpu_inventory is not None else None
+        if subset and total is not None and any(g >= total for g in subset):
+            problems.append(Problem(where, f"GPU(s) {_ids([g for g in subset if g >= total])} do not exist: this "
+                                           f"machine has {total} GPU(s)"))
+            return GpuLayout(fixed, None, None, subset)
+        pool = list(subset) if subset else (list(range(total)) if total is not None else None)
+        if pool is not None and facts.gpu_busy and set(pool) & set(facts.gpu_busy):
+            busy = [g for g in pool if g in facts.gpu_busy]
+            pool = [g for g in pool if g not in facts.gpu_busy]
+            notes.append(f"GPU(s) {_ids(busy)} of this machine are bound to other running jobs: not used")
+        if pool is None:  # not known: each emulated node still gets GPUs of its own
+            if auto:
+                notes.append(unknown)
+            return GpuLayout(fixed, None, tuple(tuple(range(r * fixed, (r + 1) * fixed)) for r in range(nodes)),
+                             subset, tuple(notes))
+        ppn = (len(pool) // nodes or 1) if auto else fixed
+        need = nodes * ppn
+        usable = f"{len(pool)} usable GPU(s) ({_ids(pool) or 'none'})"
+        if need > len(pool):
+            problems.append(Problem("launch.procs_per_node", f"{nodes} emulated node(s) x {ppn} process(es) = {need}"
+                                                             f" need a GPU each, but this machine has {usable}"))
+            return GpuLayout(ppn, None, None, subset, tuple(notes))
+        if need < len(pool) and not allow:
+            problems.append(_idle(f"{len(pool) - need} of this machine's {usable}",
+                                  f"{nodes} emulated node(s) x {ppn} process(es) use {need}",
+                                  "use a node count that divides them, or pick GPUs with launch.gpus"))
+        return GpuLayout(ppn, ppn, tuple(tuple(pool[r * ppn:(r + 1) * ppn]) for r in range(nodes)), subset,
+                         tuple(notes))
+    if cluster.kind == "ssh":
+        hosts = facts.hosts[:nodes]
+        declared = cluster.ssh.gpus_per_node if cluster.ssh is not None else None
+        inv = facts.gpu_inventory or {}
+        counts = {h: inv[h] for h in hosts if h in inv}
+        per: int | None = declared
+        if counts:
+            per = min(counts.values())
+            shown = ", ".join(f"{h} {n}" for h, n in counts.items())
+            if subset:
+                lacking = [h for h, n in counts.items() if any(g >= n for g in subset)]
+                if lacking:
+                    problems.append(Problem(where, f"GPU(s) {_ids(subset)} asked on every node, but "
+                                                   f"{', '.join(lacking)} lack(s) some (GPUs per host: {shown})"))
+            elif len(set(counts.values())) > 1:
+                problems.append(Problem("ssh.hosts", f"the hosts have different GPU counts ({shown}): one process "
+                                                     "per GPU needs the same number on every node; pick the same "
+                                                     "GPUs on each with launch.gpus, or use hosts alike"))
+            if declared is not None and any(n != declared for n in counts.values()):
+                problems.append(Problem("ssh.gpus_per_node", f"{declared} declared, but the hosts have {shown}"))
+        elif subset and per is not None and any(g >= per for g in subset):
+            problems.append(Problem(where, f"GPU(s) {_ids([g for g in subset if g >= per])} do not exist: the "
+                                           f"hosts have {per} GPU(s) (ssh.gpus_per_node)"))
+        avail = len(subset) if subset else per
+        if auto and avail is None:
+            notes.append(unknown)
+        ppn = (avail or 1) if auto else fixed
+        if avail is not None and ppn > avail:
+            problems.append(Problem("launch.procs_per_node", f"{ppn} processes per node, but each host gives the job "
+                                                             f"{avail} GPU(s)" + (f" ({where} {_ids(subset)})"
+                                                                                  if subset else "")))
+        elif avail is not None and ppn < avail and not allow:
+            problems.append(_idle(f"{avail - ppn} of the {avail} GPUs of each host",
+                                  f"launch.procs_per_node = {ppn}" + (f", {where} {_ids(subset)}" if subset else "")
+                                  + f"; {(avail - ppn) * nodes} idle GPUs on {nodes} node(s)",
+                                  f"use launch.procs_per_node: auto ({avail} per node)"))
+        return GpuLayout(ppn, avail, tuple(subset for _ in range(nodes)) if subset else None, subset, tuple(notes))
+    # slurm: each node's allocation is slurm.gpus_per_node GPUs (SLURM sets CUDA_VISIBLE_DEVICES in the task)
+    alloc = (cluster.slurm.gpus_per_node if cluster.slurm is not None else 0) or None
+    if subset and alloc is not None and any(g >= alloc for g in subset):
+        problems.append(Problem(where, f"GPU(s) {_ids([g for g in subset if g >= alloc])} are not in the allocation: "
+                                       f"slurm.gpus_per_node = {alloc} (indices 0-{alloc - 1})"))
+    avail = len(subset) if subset else alloc
+    if auto and avail is None:
+        notes.append("launch.procs_per_node: auto = 1 process per node: slurm.gpus_per_node is 0, the job asks "
+                     "SLURM for no GPUs")
+    ppn = (avail or 1) if auto else fixed
+    if subset and ppn > len(subset):
+        problems.append(Problem("launch.procs_per_node", f"{ppn} processes per node, but {where} gives each node "
+                                                         f"{len(subset)} GPU(s) ({_ids(subset)})"))
+    elif alloc is not None and ppn < alloc and not allow:
+        problems.append(_idle(f"{alloc - ppn} of the {alloc} GPUs allocated per node",
+                              f"slurm.gpus_per_node = {alloc}, launch.procs_per_node = {ppn}"
+                              + (f", {where} {_ids(subset)}" if subset else "")
+                              + f"; {(alloc - ppn) * nodes} idle GPUs on {nodes} node(s)",
+                              f"use launch.procs_per_node: auto ({alloc} per node) or ask for fewer GPUs"
+                              if not subset else "ask for fewer GPUs (slurm.gpus_per_node)"))
+    return GpuLayout(ppn, alloc, tuple(subset for _ in range(nodes)) if subset else None, subset, tuple(notes))
+
+
+def _passthrough(recipe: JobSpec, facts: PlanFacts, warnings: list[str]) -> dict[str, str]:
+    """The submitter's variables named by launch.env_passthrough prefixes; secret-looking names never pass."""
+    prefixes = recipe.launch.env_passthrough
+    out: dict[str, str] = {}
+    skipped = []
+    for name, value in sorted((facts.passthrough_env or {}).items()):
+        if not any(name.startswith(p) for p in prefixes):
+            continue
+        if is_secret_name(name):
+            skipped.append(name)
+            continue
+        out[name] = value
+    if skipped:
+        warnings.append(f"launch.env_passthrough: {', '.join(skipped)} not passed (secret-looking: list them in "
+                        "launch.secret_env)")
+    return out
 
 
 def slurm_problems(s, cluster_name: str, procs_per_node: int, accelerator: str) -> list[Problem]:
@@ -347,7 +506,8 @@ def make_plan(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, notes: tu
     when the caller applied it first (they join the plan's warnings); unapplied defaults are applied here."""
     recipe, defaulted = apply_plan_defaults(recipe)
     problems: list[Problem] = []
-    nodes, ppn = recipe.launch.nodes, recipe.launch.procs_per_node
+    layout = gpu_layout(recipe, cluster, facts, problems)
+    nodes, ppn = recipe.launch.nodes, layout.procs_per_node
     world = nodes * ppn
     problems.extend(check_accelerate_config(facts.profile_config, f"launch.profile ({facts.profile_name})"))
     dist = str(facts.profile_config.get("distributed_type", "MULTI_GPU")) if isinstance(facts.profile_config, dict) \
@@ -357,9 +517,9 @@ def make_plan(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, notes: tu
         recipe, run_notes = _run_defaults(recipe, par, dist, world, facts)
         defaulted = (*defaulted, *run_notes)
     _rules(recipe, par, dist, facts, problems)
-    _cluster_rules(recipe, cluster, facts, problems)
+    _cluster_rules(recipe, cluster, facts, ppn, problems)
     cpu = facts.accelerator == "cpu"
-    warnings: list[str] = [*notes, *defaulted]
+    warnings: list[str] = [*notes, *defaulted, *layout.notes]
     if cpu and dist == "FSDP":
         fsdp_v = str((facts.profile_config.get("fsdp_config") or {}).get("fsdp_version", "1"))
         if fsdp_v != "2":
@@ -393,24 +553,35 @@ def make_plan(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, notes: tu
         main_host = "127.0.0.1"
 
     env = dict(cluster.env)
+    passed = _passthrough(recipe, facts, warnings)
+    env.update(passed)
     if isinstance(recipe, RunJobSpec):  # the ranks' health hooks (orchestrator/node/hooks) follow checkpoint:
         env.update(ORCHESTRATE_RESUME=recipe.checkpoint.resume,
                    ORCHESTRATE_SAVE_ON_SIGNAL="1" if recipe.checkpoint.save_on_signal else "0")
     env.update(recipe.launch.env)
     ifname = cluster.network_interface or ("lo" if cluster.kind == "local" else None)
-    if ifname:
-        env.setdefault("GLOO_SOCKET_IFNAME", ifname)
+    if ifname == "auto" and cluster.kind == "local":
+        ifname = "lo"  # emulated nodes meet on loopback
+    if ifname:  # auto: each node agent binds the interface that routes to the main node (orchestrator.node.netcheck)
+        env.setdefault("GLOO_SOCKET_IFNAME", LATE_IFNAME if ifname == "auto" else ifname)
         if not cpu:
-            env.setdefault("NCCL_SOCKET_IFNAME", ifname)
+            env.setdefault("NCCL_SOCKET_IFNAME", LATE_IFNAME if ifname == "auto" else ifname)
+    if not cpu:
+        for k, v in NCCL_FORENSICS.items():
+            env.setdefault(k, v)
+    health = resolve_health(recipe.health, cluster)
+    env[PREFLIGHT_TIMEOUT_VAR] = f"{float(health.preflight_timeout):g}"
 
     entry = run_entry(recipe, facts)
     node_plans = []
+    bind_gpus = layout.visible is not None and "CUDA_VISIBLE_DEVICES" not in env  # the user's own setting wins
     for r in range(nodes):
         cfg = _node_config(facts.profile_config, rank=r, nodes=nodes, world=world, main_host=main_host,
                            port=facts.port, cpu=cpu, mixed_precision=mp, par=par)
+        node_env = dict(env, CUDA_VISIBLE_DEVICES=_ids(layout.visible[r])) if bind_gpus and layout.visible else env
         node_plans.append(NodePlan(node_rank=r, host=hosts[r], ranks=tuple(range(r * ppn, (r + 1) * ppn)),
                                    accelerate_config=cfg, command=node_command(facts.python, r, entry),
-                                   env=dict(sorted(env.items()))))
+                                   env=dict(sorted(node_env.items()))))
 
     bs, ga, max_len, exact = _batch(recipe, facts)
     dp = world // (par["tp"] * par["cp"] * par["sp"])
@@ -429,8 +600,10 @@ def make_plan(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, notes: tu
         tokens_per_step_exact=exact,
         main_host=main_host, port=facts.port, run_dir=facts.run_dir, output_dir=facts.output_dir,
         python=facts.python, secret_env=recipe.launch.secret_env, node_plans=tuple(node_plans),
-        warnings=tuple(warnings), health=resolve_health(recipe.health, cluster), run_kind=run_kind,
-        run_target=run_target, run_paths=run_paths)
+        warnings=tuple(warnings), health=health, run_kind=run_kind,
+        run_target=run_target, run_paths=run_paths, gpus_per_node=layout.gpus_per_node, gpu_ids=layout.subset,
+        allow_idle_gpus=recipe.launch.allow_idle_gpus and not cpu, network_interface=ifname,
+        env_passthrough=tuple(passed))
 
 
 def resolve_health(health: HealthSpec, cluster: ClusterSpec) -> HealthSpec:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.core.accelconf import HEADER, accelerate_config_text, to_yaml as _yaml
-from orchestrator.core.jobplan import RUN_DIR_VAR, LaunchPlan
+from orchestrator.core.jobplan import LATE_IFNAME, RUN_DIR_VAR, LaunchPlan
 from orchestrator.core.plan import command_line
 
 def node_accelerate_yaml(plan: LaunchPlan, rank: int) -> str:
@@ -22,8 +22,10 @@ def node_command_text(plan: LaunchPlan, rank: int) -> str:
     node = plan.node(rank)
     lines = [f"# node {rank} ({node.host or 'host chosen by the scheduler'}), global ranks "
              f"{node.ranks[0]}..{node.ranks[-1]}", "# environment added for the ranks:"]
+    passed = set(plan.env_passthrough)
     for k, v in node.env.items():
-        lines.append(f"{k}={command_line([v])}")
+        shown = plan.run_dir + v[len(RUN_DIR_VAR):] if v.startswith(RUN_DIR_VAR) else v
+        lines.append(f"{k}={command_line([shown])}" + _env_note(plan, k, v, k in passed))
     for name in plan.secret_env:
         lines.append(f"{name}=***  # secret, passed from the submit environment, never written")
     lines.append(f"# command (run by the node agent, `python -m orchestrator.node RUN_DIR --node-rank {rank}`, in its "
@@ -31,6 +33,17 @@ def node_command_text(plan: LaunchPlan, rank: int) -> str:
     lines.append(command_line([plan.run_dir + a[len(RUN_DIR_VAR):] if a.startswith(RUN_DIR_VAR) else a
                                for a in node.command]))
     return "\n".join(lines) + "\n"
+
+
+def _env_note(plan: LaunchPlan, name: str, value: str, passed: bool) -> str:
+    """A comment after an env line whose value the node binds or that came from the submit environment."""
+    if value == LATE_IFNAME:
+        return "  # bound on the node: the interface that routes to the main node (network_interface: auto)"
+    if name == "CUDA_VISIBLE_DEVICES" and plan.cluster_kind == "slurm":
+        return "  # indices into the GPUs SLURM allocates to the node (mapped through its CUDA_VISIBLE_DEVICES)"
+    if passed:
+        return "  # from the submit environment (launch.env_passthrough)"
+    return ""
 
 
 def render_files(plan: LaunchPlan, recipe_dict: dict[str, Any]) -> dict[str, str]:
@@ -83,19 +96,53 @@ def summary(plan: LaunchPlan, max_nodes_shown: int = 8) -> str:
         f"(data parallel {plan.data_parallel_size})",
         f"batch      {batch}",
         f"tokens     {tok} per step" + (f" (max_length {plan.max_length})" if plan.max_length else ""),
-        f"rendezvous {plan.main_host}:{plan.port}",
+        f"rendezvous {plan.main_host}:{plan.port}" + _network(plan),
         f"output     {plan.output_dir}" + ("  (your code is not told: run.args carry no --output_dir)"
                                           if own and not _passes_output_dir(plan) else ""),
     ]
+    gpus = _gpus(plan)
+    if gpus:
+        lines.append(f"gpus       {gpus}")
+    if plan.env_passthrough:
+        lines.append("env        from the submit environment (launch.env_passthrough): "
+                     + ", ".join(plan.env_passthrough))
     if own:
         lines.append(f"command    {bound_command(plan, 0)}" +
                      (f"  (node R: nodes/R/accelerate.yaml, R = 0..{plan.nodes - 1})" if plan.nodes > 1 else ""))
     shown = plan.node_plans[:max_nodes_shown]
     for node in shown:
+        cvd = node.env.get("CUDA_VISIBLE_DEVICES") if plan.accelerator == "gpu" else None
         lines.append(f"  node {node.node_rank:<4} host {node.host or '(scheduler)':<20} machine_rank "
-                     f"{node.accelerate_config.get('machine_rank')}  ranks {node.ranks[0]}-{node.ranks[-1]}")
+                     f"{node.accelerate_config.get('machine_rank')}  ranks {node.ranks[0]}-{node.ranks[-1]}"
+                     + (f"  CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else ""))
     if len(plan.node_plans) > len(shown):
         lines.append(f"  ... and {len(plan.node_plans) - len(shown)} more nodes")
     for w in plan.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def _network(plan: LaunchPlan) -> str:
+    """The rendezvous line's tail: the interface and the pre-flight."""
+    ifname = plan.network_interface
+    where = ("  interface auto (each node: the one that routes to the main node)" if ifname == "auto" else
+             f"  interface {ifname} (checked on every node)" if ifname else "")
+    t = plan.health.preflight_timeout
+    return where + (f"  pre-flight {float(t):g} s" if t and plan.world_size > 1 else "  no pre-flight" if not t else "")
+
+
+def _gpus(plan: LaunchPlan) -> str:
+    """What each node's GPUs do, for a GPU plan ("" on CPU)."""
+    if plan.accelerator != "gpu":
+        return ""
+    per = plan.gpus_per_node
+    have = {"slurm": "allocated per node (slurm.gpus_per_node)", "ssh": "per host",
+            "local": "per emulated node"}.get(plan.cluster_kind, "per node")
+    text = (f"{per} {have}" if per is not None else "per node not known when planning (checked by the pre-flight)"
+            if plan.cluster_kind == "ssh" else "per node not known")
+    text += f", {plan.procs_per_node} process(es) per node"
+    if plan.gpu_ids:
+        text += f", GPUs {','.join(str(g) for g in plan.gpu_ids)} of each node"
+    if plan.allow_idle_gpus:
+        text += ", idle GPUs allowed"
+    return text

@@ -37,6 +37,8 @@ PROFILES = ("multi_gpu", "zero1", "zero2", "zero3", "fsdp1", "fsdp2", "context_p
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+ENV_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IFNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,14}$")  # Linux: at most 15 characters, no '/' or blanks
 
 
 def is_secret_name(name: str) -> bool:
@@ -62,6 +64,13 @@ def _is_number(v: Any) -> bool:
 def _str_or_list(x: Any) -> bool:
     return (isinstance(x, str) and x != "") or (isinstance(x, list) and bool(x) and
                                                 all(isinstance(i, str) and i for i in x))
+
+
+def _gpu_ids(x: Any) -> str | None:
+    if not isinstance(x, list) or not x or not all(_is_int(i) and i >= 0 for i in x):
+        return f"must be a non-empty list of GPU indices (integers >= 0), got {x!r}"
+    dups = sorted({i for i in x if x.count(i) > 1})
+    return f"lists GPU {', '.join(map(str, dups))} more than once" if dups else None
 
 
 # kind -> (value -> error message or None). `opt_<kind>` also accepts null.
@@ -91,6 +100,14 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     else f"not a Python module name: {x!r}",
     "run_args": lambda x: None if isinstance(x, (list, dict)) else
     f"must be a list of arguments or a mapping option: value, got {type(x).__name__}",
+    "nonneg_number": lambda x: None if _is_number(x) and x >= 0 else f"must be a number >= 0, got {x!r}",
+    "procs": lambda x: None if x == "auto" or (_is_int(x) and x >= 1)
+    else f"must be an integer >= 1, got {x!r} (or auto: one process per GPU)",
+    "gpu_ids": lambda x: _gpu_ids(x),
+    "prefix_list": lambda x: None if isinstance(x, list) and all(isinstance(i, str) and ENV_PREFIX.match(i) for i in x)
+    else "must be a list of environment variable name prefixes (NCCL_, FI_, ...)",
+    "ifname": lambda x: None if isinstance(x, str) and IFNAME.match(x)
+    else f"must be a network interface name (eth0, ib0, ...) or auto, got {x!r}",
 }
 
 
@@ -238,6 +255,10 @@ NameList = Annotated[tuple[str, ...], Check("name_list")]
 StrOrList = Annotated[tuple[str, ...], Check("str_or_list")]
 Hosts = Annotated[tuple[str, ...], Check("hosts")]
 RunArgs = Annotated[Any, Check("run_args")]  # a list of words or a mapping option -> value (check_run_args)
+Procs = Annotated[Union[int, str], Check("procs")]  # an integer >= 1, or "auto" (one process per GPU)
+GpuIds = Annotated[tuple[int, ...], Check("gpu_ids")]  # GPU indices of a node, e.g. [0, 1]
+Prefixes = Annotated[tuple[str, ...], Check("prefix_list")]  # env name prefixes, e.g. [NCCL_, FI_]
+IfName = Annotated[str, Check("ifname")]  # a network interface name, or "auto"
 Internal = Annotated[str, Check("internal")]  # set by the program (e.g. the source file), never read from input
 
 _BY_TYPE = {bool: "bool", int: "nonneg_int", float: "pos_number", str: "str", tuple: "str_list", list: "str_list",
@@ -264,7 +285,8 @@ def _unwrap(tp: Any) -> tuple[Any, Check | None, bool]:
     for _ in range(2):  # Annotated[X | None] or Annotated[X] | None
         if typing.get_origin(tp) is Annotated:
             tp, *meta = typing.get_args(tp)
-            check = next((m for m in meta if isinstance(m, Check)), check)
+            # a Check, or a bare kind name (modules that cannot import this one: core.health's fields)
+            check = next((m if isinstance(m, Check) else Check(m) for m in meta if isinstance(m, (Check, str))), check)
         if typing.get_origin(tp) in (Union, types.UnionType):
             args = typing.get_args(tp)
             rest = [a for a in args if a is not type(None)]

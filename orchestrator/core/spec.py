@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Annotated, Any, Callable
 
 from orchestrator.core.health import HealthSpec
-from orchestrator.core.schema import (Check, EnvMap, Hosts, Internal, NameList, Port, PosInt, RunArgs, StrOrList,
-                                      arg_text, build, check_value, duplicate_hosts, expand_host_entry, from_plain,
-                                      is_secret_name, one_of, rules, suggest, to_plain)
+from orchestrator.core.schema import (Check, EnvMap, GpuIds, Hosts, IfName, Internal, NameList, Port, PosInt, Prefixes,
+                                      Procs, RunArgs, StrOrList, arg_text, build, check_value, duplicate_hosts,
+                                      expand_host_entry, from_plain, is_secret_name, one_of, rules, suggest, to_plain)
 from orchestrator.errors import ConfigError, Problem
 
 _DOT_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)*$")
@@ -72,12 +72,15 @@ class ParallelismSpec:
 class LaunchSpec:
     profile: str = "multi_gpu"  # a name of core.schema.PROFILES or a path to an accelerate YAML
     nodes: PosInt = 1
-    procs_per_node: PosInt = 1
+    procs_per_node: Procs = "auto"  # auto: one process per GPU of a node (1 on a CPU cluster)
     mixed_precision: Annotated[str | None, one_of(None, "no", "bf16", "fp16")] = None
     parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
     env: EnvMap = field(default_factory=dict)
     secret_env: NameList = ()
     port: Port | None = None
+    gpus: GpuIds | None = None  # the GPUs of each node to use (indices), e.g. [0, 1]; null: the cluster's / all
+    allow_idle_gpus: bool = False  # true: GPUs a node has (or was allocated) may be left without a process
+    env_passthrough: Prefixes = ()  # the submitter's variables with these prefixes go to every rank (NCCL_, FI_, ...)
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,8 @@ class SSHSpec:
     shared_fs: bool = False
     connect_timeout: float = 10
     hostfile: str | None = None
+    gpus_per_node: int | None = None  # GPUs on each host (null: asked with nvidia-smi when procs_per_node is auto);
+    #                                   the pre-flight checks it against every host
 
 
 @dataclass(frozen=True)
@@ -271,7 +276,8 @@ class ClusterSpec:
     kind: Annotated[str, one_of("local", "ssh", "slurm")] = "local"
     name: Annotated[str, Check("opt_str")] = "local"  # unset: the cluster file's name
     accelerator: Annotated[str, one_of("auto", "cpu", "gpu")] = "auto"
-    network_interface: str | None = None
+    network_interface: IfName | None = None  # a name (checked on every host) or auto (the one routing to the main node)
+    gpus: GpuIds | None = None  # the GPUs of each node jobs on this cluster use (launch.gpus overrides)
     env: EnvMap = field(default_factory=dict)
     ssh: SSHSpec | None = None
     slurm: SlurmSpec | None = None

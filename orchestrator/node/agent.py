@@ -104,6 +104,8 @@ class Agent:
         self.stop_reason = ""
         self.rank_death = None  # orchestrator.node.rankwatch.RankDeath when a rank died before finishing
         self.token = f"{plan.job_id}.{rank}.{os.urandom(6).hex()}"
+        self._node_env: dict[str, str] | None = None  # the plan's env for this node, late facts bound (node_checks)
+        self.preflight_error = ""  # the network pre-flight stopped this node (watch_main_reachable)
 
     def write_config(self) -> Path:
         from orchestrator.core.accelconf import accelerate_config_text
@@ -117,15 +119,87 @@ class Agent:
 
     def environment(self, secrets: dict[str, str]) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(self.plan.node(self.rank).env)
+        env.update(self.node_env())
         env.update(ORCHESTRATE_RUN_DIR=str(self.run_dir), ORCHESTRATE_JOB_ID=self.plan.job_id,
                    ORCHESTRATE_NODE_RANK=str(self.rank), ORCHESTRATE_ACCELERATOR=self.plan.accelerator,
                    ORCHESTRATE_HEARTBEAT_DIR=str(self.rd.heartbeats), PYTHONUNBUFFERED="1")
         if HOOKS_DIR.is_dir():  # the ranks' zero-code health hooks (sitecustomize), ahead of the user's path
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS_DIR), env.get("PYTHONPATH", "")) if p)
+        for name in ("ORCHESTRATE_HOOKS_PID", "RANK", "LOCAL_RANK"):  # set per rank by the hooks / torchrun only
+            env.pop(name, None)
         env[TOKEN_VAR] = self.token
         env.update(secrets)
         return env
+
+    # ---- network interface and GPUs of this node (docs/gpus.md): bound and checked before the launch starts
+    def node_env(self) -> dict[str, str]:
+        """The plan's env for this node with the node's own facts bound: ${RUN_DIR}, `network_interface: auto` (the
+        interface that routes to the main node), CUDA_VISIBLE_DEVICES mapped through the node's own restriction."""
+        if self._node_env is None:
+            self.node_checks()
+        return dict(self._node_env or {})
+
+    def node_checks(self) -> str | None:
+        """Bind the node's env (node_env) and check what the plan needs of this host: the named network interface
+        exists, NCCL_IB_HCA names InfiniBand devices it has, the GPUs the plan binds are among those it may use
+        and there are enough for its processes. Returns the problem (the node must not start) or None."""
+        from orchestrator.node import gpus, netcheck
+        host = socket.gethostname()
+        env, problem = netcheck.bind_env(self.plan.node(self.rank).env, str(self.run_dir), self.main_ip, host)
+        ifname = self.plan.network_interface
+        if problem is None and ifname and ifname != "auto":
+            problem = netcheck.check_interface(ifname, host)
+        hca = env.get("NCCL_IB_HCA") or os.environ.get("NCCL_IB_HCA")
+        if problem is None and hca and self.plan.accelerator == "gpu":
+            problem = netcheck.check_ib_hca(hca, host)
+        if problem is None and self.plan.accelerator == "gpu":
+            inherited = gpus.visible(dict(os.environ))  # SLURM's allocation, or the user's own restriction
+            planned = env.get("CUDA_VISIBLE_DEVICES")
+            if planned is not None and planned == self.plan.node(self.rank).env.get("CUDA_VISIBLE_DEVICES"):
+                env["CUDA_VISIBLE_DEVICES"], why = gpus.bind_visible(planned, inherited)
+                problem = f"node {self.rank} ({host}): {why}" if why else None
+            have = gpus.visible(env)
+            count = len(have) if have is not None else gpus.count_visible(dict(os.environ)) if (
+                inherited is not None or os.environ.get("SLURM_GPUS_ON_NODE")) else None
+            need = len(self.plan.node(self.rank).ranks)
+            if problem is None and count is not None and count < need:
+                problem = (f"node {self.rank} ({host}) may use {count} GPU(s) (CUDA_VISIBLE_DEVICES="
+                           f"{','.join(have or inherited or []) or '(none)'}) but runs {need} process(es), one per GPU")
+        if any(v.startswith(str(self.rd.stacks) + "/") for v in env.values()):
+            self.rd.mkdir(RunDir.STACKS)  # NCCL's flight recorder dumps there (TORCH_NCCL_DEBUG_INFO_TEMP_FILE)
+        self._node_env = env
+        return problem
+
+    def refuse(self, problem: str) -> int:
+        """The node cannot run as planned: say why (one `PreflightError:` line, the supervisor's root cause), record
+        it in exit.json, start nothing. Returns the exit code."""
+        os.write(2, f"PreflightError: {problem}\n".encode())
+        self.rd.write_exit(self.rank, ExitRecord(returncode=2, time=time.time(), signal=None, launch_returncode=2,
+                                                 stop_reason="", preempted=False, hang=None, rank_death=None))
+        # (no stop_reason: nobody stopped this node, it failed on its own; the cause is the PreflightError line)
+        return 2
+
+    def watch_main_reachable(self) -> None:
+        """A node other than the main one: the main node's rendezvous port must answer within
+        health.preflight_timeout (dropped packets) or twice that, at least 60 s (refused: nothing listens); else this
+        node stops with the cause named, instead of torchrun's static rendezvous waiting ten minutes."""
+        from orchestrator.node.netcheck import wait_reachable
+        timeout = float(getattr(self.plan.health, "preflight_timeout", 0) or 0)
+        command = self.plan.node(self.rank).command
+        if self.rank == 0 or self.plan.nodes < 2 or timeout <= 0 or "accelerate.commands.launch" not in command[:3]:
+            return  # (the main node's rendezvous port is torchrun's: only an `accelerate launch` node listens there)
+        env = self.node_env()
+        via = env.get("NCCL_SOCKET_IFNAME") or env.get("GLOO_SOCKET_IFNAME") or "the default route"
+
+        def run() -> None:
+            why = wait_reachable(self.main_ip, int(self.plan.port), timeout, self.stopping)
+            if why is None or self.stopping.is_set() or self.launch_done.is_set():
+                return
+            self.preflight_error = (f"network pre-flight failed: node {self.rank} ({socket.gethostname()}) {why}: the "
+                                    f"main node (node 0) does not answer on its rendezvous port (interface {via})")
+            os.write(2, f"PreflightError: {self.preflight_error}\n".encode())
+            self.stop(f"network pre-flight: {why}")
+        threading.Thread(target=run, daemon=True, name="main-reachable").start()
 
     def start(self, secrets: dict[str, str]) -> bool:
         """Start the launch; False when a stop was asked for before it could start."""
@@ -227,8 +301,8 @@ class Agent:
         def run() -> None:
             while True:
                 done = self.launch_done.is_set()
-                for rec in tail.read():
-                    os.write(1, (HB_PREFIX + json.dumps(rec, sort_keys=True) + "\n").encode())
+                for rec in tail.read():  # on a line of its own even when a rank's output is mid-line (tqdm)
+                    os.write(1, ("\n" + HB_PREFIX + json.dumps(rec, sort_keys=True) + "\n").encode())
                 if done:
                     return
                 self.launch_done.wait(interval)  # woken at once when the launch ends: no exit latency
@@ -296,12 +370,15 @@ class Agent:
         preempted = code != 0 and not hang and not self.stop_reason and self.ranks_preempted()
         if hang:
             code = 124
+        elif self.preflight_error:
+            from orchestrator.node.preflight import EXIT_CODE
+            code = EXIT_CODE
         elif self.rank_death is not None:
             code = self.rank_death.exit_code
         self.rd.write_exit(self.rank, ExitRecord(
             returncode=0 if preempted else code, time=time.time(), signal=sig, launch_returncode=code,
-            stop_reason=self.stop_reason, preempted=preempted, hang=hang or None,
-            rank_death=self.rank_death.describe() if self.rank_death else None))
+            stop_reason="" if self.preflight_error else self.stop_reason,  # a failed pre-flight: the node's own
+            preempted=preempted, hang=hang or None, rank_death=self.rank_death.describe() if self.rank_death else None))
         # A node whose ranks all saved a checkpoint on a preemption signal and stopped has done its job:
         # exit 0, so `srun --kill-on-bad-exit` does not kill other nodes still saving.
         return 0 if preempted else code
@@ -375,9 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()  # before anything can make this process an orphan
     os.umask(0o077)  # everything the agent and its launch create in the run dir is owner-only
     if args.probe is not None:
-        from orchestrator.node.probe import PROBE_MARK, probe
-        spec = json.loads(args.probe)
-        res = probe(str(spec.get("workdir", ".")), int(spec.get("port", 0)), str(spec.get("check", "")))
+        from orchestrator.node.probe import PROBE_MARK, probe_spec
+        res = probe_spec(json.loads(args.probe))
         print(PROBE_MARK + json.dumps(res), flush=True)
         if res["problems"]:
             return 2
@@ -408,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(run_dir, plan, rank, main_ip, grace=args.grace)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, lambda s, _f: agent.forward(s))
+    problem = agent.node_checks()  # network interface, InfiniBand HCAs, GPUs of this node (docs/gpus.md)
+    if problem:
+        return agent.refuse(problem)
     if not agent.start(secrets):
         print(f"orchestrate node agent: {agent.stop_reason}; nothing started", file=sys.stderr)
         return 143
@@ -420,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         agent.forward_heartbeats()
     if args.monitor or (args.monitor is None and plan.cluster_kind == "slurm"):
         agent.monitor()
+    agent.watch_main_reachable()
     return agent.wait()
 
 

@@ -181,7 +181,7 @@ def test_sigkill_rank_or_agent_tears_everything_down(testbed, trivial_job, what,
     assert f"node 1 ({testbed.hosts[1]})" in res.root_cause, res.root_cause
     assert "SIGKILL" in res.root_cause, res.root_cause
     if what == "agent":  # the agent itself is named, not a bare wait status
-        assert "node agent ended" in res.root_cause, res.root_cause
+        assert "node agent was killed by SIGKILL" in res.root_cause, res.root_cause
     assert gone < 5
 
 

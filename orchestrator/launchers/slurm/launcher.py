@@ -142,7 +142,12 @@ class SlurmLauncher:
                                       "from a SLURM login node (or add SLURM's bin directory to PATH)"))
         if script_path is None:
             return
-        r = subprocess.run(["sbatch", "--test-only", str(script_path)], capture_output=True, text=True, timeout=60)
+        try:
+            r = subprocess.run(["sbatch", "--test-only", str(script_path)], capture_output=True, text=True,
+                               timeout=60)
+        except subprocess.TimeoutExpired:
+            raise LaunchError("sbatch --test-only did not answer within 60 s (is slurmctld up?)",
+                              host=self._name, argv=["sbatch", "--test-only"]) from None
         if r.returncode == 0:
             return
         err = " ".join(line.replace("sbatch: error:", "").strip() for line in r.stderr.splitlines()
@@ -156,8 +161,10 @@ class SlurmLauncher:
                 "slurm.account (missing: this cluster requires one)"
         elif "qos" in err.lower():
             where = "slurm.qos"
-        elif "gres" in err.lower() or "gpu" in err.lower():
+        elif "gres" in err.lower() or "gpu" in err.lower() or (
+                "node configuration" in err.lower() and self._slurm and self._slurm.gpus_per_node):
             where = "slurm.gpus_per_node"
+            err += gres_note(self._slurm)
         raise ConfigError(Problem(where, f"SLURM rejects the job: {err}"), source=getattr(self.cluster, "source", None))
 
     # -------------------------------------------------------------- side effects
@@ -215,6 +222,8 @@ class SlurmLauncher:
         if r.returncode == 0 and "JobState=" in r.stdout:
             kv = parse_kv(r.stdout)
             state, terminal, base = map_state(kv.get("JobState", ""))
+            if base == "PREEMPTED" and kv.get("Requeue") == "1":  # it will run again (PreemptMode=REQUEUE)
+                state, terminal = "PENDING", False
             return {"state": state, "terminal": terminal, "slurm_state": base, "reason": kv.get("Reason", ""),
                     "exit_code": kv.get("ExitCode", ""), "restarts": int(kv.get("Restarts", "0") or 0),
                     "nodelist": kv.get("NodeList", "")}
@@ -253,6 +262,45 @@ class SlurmLauncher:
         return run_dir_logs(run_dir, node)
 
 
+UNKNOWN_GIVE_UP_S = 300.0
+
+
+def parse_gres_gpus(gres: str) -> int:
+    """GPUs in one node's GRES string (`gpu:8`, `gpu:h100:4(S:0-1)`, `gpu:2,shard:8`, `(null)`)."""
+    total = 0
+    for item in re.split(r",(?![^(]*\))", gres or ""):
+        parts = item.split("(")[0].split(":")
+        if parts and parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def gres_gpus(partition: str | None = None) -> dict[str, int]:
+    """{node: GPUs} of a partition's nodes, from sinfo ({} when sinfo cannot tell)."""
+    argv = ["sinfo", "-h", "-N", "-o", "%N %G"] + (["-p", partition] if partition else [])
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    out: dict[str, int] = {}
+    for line in r.stdout.splitlines():
+        words = line.split()
+        if len(words) >= 2:
+            out[words[0]] = max(out.get(words[0], 0), parse_gres_gpus(words[1]))
+    return out
+
+
+def gres_note(slurm) -> str:
+    """What the partition's nodes have, for a rejected GPU request: the nodes named with their GPU counts."""
+    nodes = gres_gpus(getattr(slurm, "partition", None))
+    if not nodes:
+        return ""
+    want = int(getattr(slurm, "gpus_per_node", 0) or 0)
+    fit = [n for n, g in nodes.items() if g >= want]
+    return (f" (slurm.gpus_per_node = {want}; GPUs per node: " + ", ".join(f"{n} {g}" for n, g in nodes.items())
+            + f": {len(fit)} node(s) have {want} or more" + (f": {', '.join(fit)}" if fit else "") + ")")
+
+
 def scheduler_reason(jid: str, q: dict) -> str:
     base = q["slurm_state"]
     if q["state"] == "CANCELLED":
@@ -276,7 +324,14 @@ class SlurmJob:
         self.launcher, self.handle, self.rd, self.poll = launcher, handle, run_dir, poll
         self.nodes = {r: "" for r in range(nodes)}
         self.beats = HeartbeatTail(run_dir.heartbeats, from_end=True)
-        self.offsets: dict[int, int] = {}
+        self.offsets: dict[int, int] = {}  # where this attempt's output starts in each node log (not replayed)
+        for r in run_dir.log_ranks():
+            try:
+                self.offsets[r] = run_dir.log(r).stat().st_size
+            except OSError:
+                pass
+        self.started = False  # the scheduler has not run it yet: no hang clock (supervise.Supervisor)
+        self.unknown_since: float | None = None
         self.next_query = 0.0
         self.done = False
         self.cancelled = False
@@ -311,6 +366,15 @@ class SlurmJob:
             self.next_query = time.monotonic() + 5.0
             return out + [Line(0, f"orchestrate: cannot ask SLURM about job {job_id_of(self.handle)} ({e}); "
                                   "retrying in 5 s")]
+        self.started = q["state"] == "RUNNING"
+        if q["state"] == "UNKNOWN":  # purged from the controller and no accounting: do not wait forever
+            self.unknown_since = self.unknown_since or time.monotonic()
+            if time.monotonic() - self.unknown_since > UNKNOWN_GIVE_UP_S:
+                self.done = True
+                return out + [SchedulerEnd(JobState.FAILED, f"SLURM no longer knows job {job_id_of(self.handle)} "
+                                                            f"(unknown for {UNKNOWN_GIVE_UP_S:.0f} s)")]
+        else:
+            self.unknown_since = None
         if not q["terminal"]:
             return out
         time.sleep(0.2)  # the last lines the tasks wrote
@@ -335,7 +399,7 @@ class SlurmJob:
         except Exception:  # noqa: BLE001 - the job may be gone already
             pass
 
-    def stopped_ranks(self) -> dict[int, int]:
+    def stopped_ranks(self, stacks: bool = True) -> dict[int, int]:
         return {}  # the nodes' own processes are not visible from here; their agents judged (and kept stacks)
 
     def close(self) -> None:

@@ -100,8 +100,9 @@ def render_sbatch(plan: LaunchPlan, slurm: Any, run_dir: str | None = None, pyth
     q = shlex.quote
     lines = [
         "#!/bin/bash",
-        f"# orchestrate job {plan.job_id}: " + (f"{plan.recipe} recipe '{plan.recipe_name}'" if plan.run_kind == "recipe"
-                                                 else f"own code ({plan.run_kind} {plan.run_target})")
+        f"# orchestrate job {plan.job_id}: "
+        + (f"{plan.recipe} recipe '{plan.recipe_name}'" if plan.run_kind == "recipe"
+           else f"own code ({plan.run_kind} {plan.run_target})")
         + f" on SLURM cluster '{plan.cluster_name}'",
         f"# {plan.nodes} node(s) x {plan.procs_per_node} process(es) = world {plan.world_size}; profile "
         f"{plan.profile} -> {plan.distributed_type}; effective batch "

@@ -240,10 +240,24 @@ def pump(job: SSHJob, node: Node) -> None:
     recorded = read_exit(job, node)  # the agent's own record beats what the wrapper reports
     node.returncode = recorded.returncode if recorded else rc
     node.exited_at = time.monotonic()
-    lost = "" if recorded is not None else describe_exit(rc)[0] if rc is None or rc < 0 else (
-        "" if rc == 0 else f"the node agent ended ({describe_exit(rc)[0]}) without an exit record: killed or crashed")
+    if recorded is not None or rc == 0:
+        lost = ""
+    elif rc is None or rc < 0:
+        lost = describe_exit(rc)[0]
+    elif 0 < rc < 65:  # no exit record: the agent was killed; `setsid -w` reports the killing signal's number
+        lost = f"the node agent was killed by {_signal_name(rc)} (no exit record)"
+    else:
+        lost = f"the node agent ended ({describe_exit(rc)[0]}) without an exit record: killed or crashed"
     node.done.set()
     job.q.put(NodeEnded(node.rank, node.host, node.returncode, "\n".join(node.tail), recorded, lost))
+
+
+def _signal_name(num: int) -> str:
+    import signal as _signal
+    try:
+        return _signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
 
 
 def _line(job: SSHJob, node: Node, raw: bytes, log: Any) -> None:

@@ -61,6 +61,7 @@ class SSHLauncher:
             run_dir = self.remote_run_dir(plan, host)
             probe = {"workdir": self._workdir(host), "port": int(plan.port) if np_.node_rank == 0 else 0,
                      "check": f"{run_dir}/{RunDir.PLAN}" if shared else ""}
+            probe.update(probe_network_gpus(plan, np_.env))
             argv = ("setsid", "-w") + agent_argv(python, run_dir, node_rank=np_.node_rank, watch_stdin=True,
                                                  secrets_stdin=True, forward_heartbeats=True, grace=self.grace_s,
                                                  probe=probe, module=self.agent_module)
@@ -70,6 +71,9 @@ class SSHLauncher:
             copies[np_.node_rank] = [] if shared else [RunDir.RECIPE, RunDir.PLAN, f"{RunDir.NODES}/{np_.node_rank}/"]
         extra = {"job_id": plan.job_id, "main_host": plan.main_host, "port": plan.port, "shared_fs": shared,
                  "python": python, "remote_run_dirs": run_dirs, "copy": copies}
+        if plan.accelerator == "gpu":  # what the pre-flight compares with each host's GPUs (gpu_problems)
+            extra["gpus"] = {"procs_per_node": plan.procs_per_node, "gpu_ids": list(plan.gpu_ids),
+                             "allow_idle": plan.allow_idle_gpus, "declared": getattr(self.ssh, "gpus_per_node", None)}
         return Submission(kind="ssh", run_dir=plan.run_dir, nodes=tuple(nodes), files={}, extra=extra)
 
     # ------------------------------------------------------------------ pre-flight
@@ -132,6 +136,8 @@ class SSHLauncher:
                 problems.append(Problem(host, res.cause))
             elif isinstance(res, Exception):
                 problems.append(Problem(host, f"{type(res).__name__}: {res}"))
+        if not problems and sub.extra.get("gpus"):
+            problems.extend(gpu_problems(sub.extra["gpus"], {h: r["probe"] for h, r in results.items()}))
         if problems:
             for chan in chans.values():
                 close_channel(chan)  # stdin EOF: every waiting agent exits without starting anything
@@ -242,3 +248,62 @@ class SSHLauncher:
     def logs(self, handle: JobHandle, run_dir: RunDir, node: int | None = None) -> Iterator[str]:
         hosts = {n["rank"]: n["host"] for n in handle.data.get("nodes", [])}
         return run_dir_logs(run_dir, node, hosts)
+
+
+# ------------------------------------------------------------------ pre-flight: network and GPUs (docs/gpus.md)
+
+def probe_network_gpus(plan: LaunchPlan, env: dict[str, str]) -> dict[str, Any]:
+    """What a host's probe checks besides reachability: the network interface (a name must exist; auto: the one that
+    routes to the main host is found), NCCL_IB_HCA against the host's InfiniBand devices, and for a GPU job the GPU
+    inventory."""
+    out: dict[str, Any] = {}
+    if plan.network_interface:
+        out.update(ifname=plan.network_interface, main=plan.main_host)
+    if plan.accelerator == "gpu":
+        out["gpus"] = True
+        if env.get("NCCL_IB_HCA"):
+            out["ib_hca"] = env["NCCL_IB_HCA"]
+    return out
+
+
+def gpu_problems(want: dict[str, Any], probes: dict[str, dict[str, Any]]) -> list[Problem]:
+    """The hosts' GPUs against the plan: every host the same count (else named, with their counts and models), the
+    `gpus:` indices present, no more processes than GPUs, no GPU idle unless launch.allow_idle_gpus."""
+    counts: dict[str, int] = {}
+    models: dict[str, str] = {}
+    problems: list[Problem] = []
+    for host, res in probes.items():
+        visible = res.get("visible")
+        gpus = res.get("gpus") or []
+        counts[host] = len(visible) if visible is not None else len(gpus)
+        names = sorted({g.get("name") or "?" for g in gpus})
+        models[host] = f"{counts[host]} x {'/'.join(names)}" if gpus else "no GPU" + (
+            f" ({res['gpu_error']})" if res.get("gpu_error") else "")
+    shown = ", ".join(f"{h} {models[h]}" for h in counts)
+    ids, ppn = list(want.get("gpu_ids") or []), int(want["procs_per_node"])
+    declared = want.get("declared")
+    if ids:
+        lacking = [h for h, n in counts.items() if any(g >= n for g in ids)]
+        if lacking:
+            problems.append(Problem("launch.gpus", f"GPU(s) {','.join(map(str, ids))} asked on every node, but "
+                                                   f"{', '.join(lacking)} lack(s) some (hosts: {shown})"))
+        avail: int | None = len(ids)
+    elif len(set(counts.values())) > 1:
+        problems.append(Problem("ssh.hosts", f"the hosts have different GPU counts ({shown}): one process per GPU "
+                                             "needs the same number on every node; pick the same GPUs on each with "
+                                             "launch.gpus, or use hosts alike"))
+        avail = None
+    else:
+        avail = next(iter(counts.values()), None)
+    if declared is not None and any(n != declared for n in counts.values()):
+        problems.append(Problem("ssh.gpus_per_node", f"{declared} declared, but the hosts have: {shown}"))
+    if avail is not None and not problems:
+        if ppn > avail:
+            problems.append(Problem("launch.procs_per_node", f"{ppn} processes per node, but each host gives the job "
+                                                             f"{avail} GPU(s) (hosts: {shown})"))
+        elif ppn < avail and not want.get("allow_idle"):
+            problems.append(Problem("launch.procs_per_node", f"{avail - ppn} of the {avail} GPUs of each host would "
+                                                             f"be idle (launch.procs_per_node = {ppn}; hosts: {shown}):"
+                                                             f" use launch.procs_per_node: auto ({avail} per node), "
+                                                             "or set launch.allow_idle_gpus: true"))
+    return problems

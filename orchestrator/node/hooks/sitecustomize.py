@@ -51,6 +51,12 @@ if _active():
         import orchestrate_hooks
 
         orchestrate_hooks.install()
+        try:  # every rank joins a short all-reduce before the user's code: a broken network fails in seconds
+            from orchestrator.node import preflight
+        except ImportError:
+            preflight = None
+        if preflight is not None:
+            preflight.exit_on_failure()  # runs once per process; off when ORCHESTRATE_PREFLIGHT_TIMEOUT is 0
     except Exception as _e:  # noqa: BLE001 - never fail the user's process
         print(f"orchestrate: start-up hooks not installed: {type(_e).__name__}: {_e}", file=sys.stderr, flush=True)
 
