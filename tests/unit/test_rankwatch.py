@@ -103,3 +103,27 @@ def test_zombie_status_and_last_event(tmp_path):
     assert last_event(tmp_path, 4) is None
     f.write_text(json.dumps({"event": "step"}) + "\n" + json.dumps({"event": "save"}) + "\n{partial")
     assert last_event(tmp_path, 4) == "save"
+
+
+def test_a_declared_hang_asks_the_nccl_flight_recorder_to_dump(tmp_path):
+    """keep_stacks writes one byte into each rank's NCCL debug-info FIFO (what torch's flight recorder waits on when
+    TORCH_NCCL_DEBUG_INFO_PIPE_FILE is set, as GPU plans do); a rank without one is skipped, nothing blocks."""
+    import os
+    import threading
+    from orchestrator.node.ops import nccl_dump
+    from orchestrator.node.rundir import RunDir
+    rd = RunDir(tmp_path)
+    rd.mkdir(RunDir.STACKS)
+    fifo = rd.stacks / "nccl_pipe_rank_1"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    reader.start()
+    import time
+    deadline = time.monotonic() + 5
+    asked = []
+    while not asked and time.monotonic() < deadline:  # until the reader has the FIFO open
+        asked = nccl_dump(rd, [0, 1])
+        time.sleep(0.01)
+    reader.join(5)
+    assert asked == [1] and got == [b"1"]
