@@ -46,17 +46,28 @@ def _chain() -> None:
     spec.loader.exec_module(module)
 
 
+def _preflight_wanted() -> bool:
+    """The plan asks for the rank pre-flight (ORCHESTRATE_PREFLIGHT_TIMEOUT > 0) and there is more than one rank;
+    checked before anything of orchestrator is imported (start-up stays standard-library only otherwise)."""
+    try:
+        return float(os.environ.get("ORCHESTRATE_PREFLIGHT_TIMEOUT", "0") or 0) > 0 and \
+            int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    except ValueError:
+        return False
+
+
 if _active():
     try:
         import orchestrate_hooks
 
         orchestrate_hooks.install()
-        try:  # every rank joins a short all-reduce before the user's code: a broken network fails in seconds
-            from orchestrator.node import preflight
-        except ImportError:
-            preflight = None
-        if preflight is not None:
-            preflight.exit_on_failure()  # runs once per process; off when ORCHESTRATE_PREFLIGHT_TIMEOUT is 0
+        if _preflight_wanted():  # every rank joins a short all-reduce before the user's code: a broken network
+            try:                 # fails in seconds (orchestrator.node.preflight; once per process)
+                from orchestrator.node import preflight
+            except ImportError:
+                preflight = None
+            if preflight is not None:
+                preflight.exit_on_failure()
     except Exception as _e:  # noqa: BLE001 - never fail the user's process
         print(f"orchestrate: start-up hooks not installed: {type(_e).__name__}: {_e}", file=sys.stderr, flush=True)
 
