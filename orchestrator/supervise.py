@@ -14,6 +14,7 @@ the same HealthMonitor rules to the shared heartbeats (orchestrator.node.agent).
 
 from __future__ import annotations
 
+import queue
 import re
 import signal
 import threading
@@ -61,6 +62,18 @@ class SchedulerEnd:
 
 
 Event = Line | Beat | NodeEnded | SchedulerEnd
+
+
+def drain(q: queue.Queue, timeout: float) -> list:
+    """A backend's `events`: wait up to `timeout` for the first event its threads queued, then take all there are."""
+    out = []
+    try:
+        out.append(q.get(timeout=timeout))
+        while True:
+            out.append(q.get_nowait())
+    except queue.Empty:
+        pass
+    return out
 
 
 class Running(Protocol):

@@ -24,7 +24,7 @@ from orchestrator.node.agent import agent_argv
 from orchestrator.node.heartbeat import parse_forwarded
 from orchestrator.node.proctools import marked, signal_group, signal_pids
 from orchestrator.node.rundir import RunDir
-from orchestrator.supervise import Beat, Line, NodeEnded, split_lines
+from orchestrator.supervise import Beat, Line, NodeEnded, drain, split_lines
 from orchestrator.types import JobHandle, JobStatus, NodeCommand, Submission
 
 GRACE_S = 5.0
@@ -114,14 +114,7 @@ class LocalJob:
                              "" if rec or rc == 0 else _no_record(rc)))
 
     def events(self, timeout: float) -> list:
-        out = []
-        try:
-            out.append(self.q.get(timeout=timeout))
-            while True:
-                out.append(self.q.get_nowait())
-        except queue.Empty:
-            pass
-        return out
+        return drain(self.q, timeout)
 
     def stop(self, reason: str, grace: float, nodes: set[int] | None = None) -> None:
         """TERM the agents (each stops its launch, TERM then KILL after its own grace); KILL what any left behind."""

@@ -4,7 +4,6 @@ they never collide with tests/ssh's) and the SLURM testbed cluster (reused when 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -35,19 +34,5 @@ def fault_sshd(tmp_path_factory):
 @pytest.fixture(scope="session")
 def fault_slurm():
     sys.path.insert(0, str(REPO / "tests" / "slurm"))
-    from slurm_helpers import CLUSTER_DIR, NODES, SCRIPT, WORK, unavailable
-    why = unavailable()
-    if why:
-        _unavailable(why)
-    env = dict(os.environ, ORCHESTRATE_SLURM_DIR=CLUSTER_DIR)
-    was_up = subprocess.run([str(SCRIPT), "status"], env=env, capture_output=True, text=True).returncode == 0
-    if not was_up:
-        r = subprocess.run([str(SCRIPT), "up", "--nodes", str(NODES)], env=env, capture_output=True, text=True,
-                           timeout=300)
-        if r.returncode != 0:
-            pytest.fail(f"slurm_cluster.sh up failed:\n{r.stdout}\n{r.stderr}")
-    os.environ["SLURM_CONF"] = f"{CLUSTER_DIR}/etc/slurm.conf"
-    WORK.mkdir(parents=True, exist_ok=True)
-    yield
-    if not was_up and os.environ.get("ORCHESTRATE_SLURM_KEEP") != "1":
-        subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=120)
+    from slurm_helpers import cluster_session
+    yield from cluster_session()

@@ -92,3 +92,26 @@ def trivial_plan(name: str, payload_args: list[str], nodes: int = NODES, cluster
 def heartbeat_step(run_dir: str | Path) -> int:
     from orchestrator.node.rundir import RunDir
     return RunDir(run_dir).furthest_step() or 0
+
+
+def cluster_session():
+    """The testbed cluster for a pytest session fixture (generator): reused when up, brought up (and torn down at the
+    end) otherwise; skips with the reason when unavailable, fails instead under CI=true."""
+    import pytest
+    why = unavailable()
+    if why:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but {why}")
+        pytest.skip(why)
+    env = dict(os.environ, ORCHESTRATE_SLURM_DIR=CLUSTER_DIR)
+    was_up = subprocess.run([str(SCRIPT), "status"], env=env, capture_output=True, text=True).returncode == 0
+    if not was_up:
+        r = subprocess.run([str(SCRIPT), "up", "--nodes", str(NODES)], env=env, capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode != 0:
+            pytest.fail(f"slurm_cluster.sh up failed:\n{r.stdout}\n{r.stderr}")
+    os.environ["SLURM_CONF"] = f"{CLUSTER_DIR}/etc/slurm.conf"
+    WORK.mkdir(parents=True, exist_ok=True)
+    yield {"dir": CLUSTER_DIR, "nodes": NODES, "partition": "debug"}
+    if not was_up and os.environ.get("ORCHESTRATE_SLURM_KEEP") != "1":
+        subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=120)

@@ -28,7 +28,7 @@ from orchestrator.launchers.ssh.remote import WRAPPER_MARK, describe_exit, teard
 from orchestrator.node.agent import agent_argv
 from orchestrator.node.heartbeat import parse_forwarded
 from orchestrator.node.rundir import AgentRecord, ExitRecord, RunDir, parse_agent, parse_exit
-from orchestrator.supervise import Beat, Line, NodeEnded
+from orchestrator.supervise import Beat, Line, NodeEnded, drain
 
 logger = logging.getLogger("orchestrate.ssh")
 TAIL_LINES = 20
@@ -126,14 +126,7 @@ class SSHJob:
 
     # ---------------------------------------------------------------- Running
     def events(self, timeout: float) -> list:
-        out = []
-        try:
-            out.append(self.q.get(timeout=timeout))
-            while True:
-                out.append(self.q.get_nowait())
-        except queue.Empty:
-            pass
-        return out
+        return drain(self.q, timeout)
 
     def stop(self, reason: str, grace: float, nodes: set[int] | None = None) -> None:
         """TERM every selected node's process groups, KILL after the grace, close their stdin (the agents see EOF).
