@@ -33,8 +33,10 @@ def main() -> None:
     sha = hashlib.sha256()
     for p in model.parameters():
         sha.update(p.detach().cpu().numpy().tobytes())
-    print("USER_PARAMS " + json.dumps({"rank": int(os.environ.get("RANK", "0")), "sha": sha.hexdigest()[:16],
-                                       "world": int(os.environ.get("WORLD_SIZE", "1"))}), flush=True)
+    # one write per line, so two ranks' lines (unbuffered, one shared stdout) cannot interleave
+    sys.stdout.write("USER_PARAMS " + json.dumps({"rank": int(os.environ.get("RANK", "0")), "sha": sha.hexdigest()[:16],
+                                                  "world": int(os.environ.get("WORLD_SIZE", "1"))}) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

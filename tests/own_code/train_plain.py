@@ -51,9 +51,11 @@ def main() -> None:
         dist.barrier()
         dist.destroy_process_group()
     loaded = sorted(m for m in sys.modules if m.startswith("orchestrat"))  # what the hooks brought in
-    print("PLAIN_RESULT " + json.dumps({"rank": int(os.environ.get("RANK", "0")), "steps": steps, "modules": loaded,
-                                         "loop_s": loop_s}),
-          flush=True)
+    # one write per line: ranks share the launcher's stdout and run unbuffered, where print() writes the text and
+    # the newline separately, so two ranks' lines could interleave
+    sys.stdout.write("PLAIN_RESULT " + json.dumps({"rank": int(os.environ.get("RANK", "0")), "steps": steps,
+                                                   "modules": loaded, "loop_s": loop_s}) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
