@@ -352,6 +352,7 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
         defaults = trainer_defaults(fields_key(recipe.run))
     else:
         output_dir = recipe.trainer["output_dir"]
+    host_recipe, stage_files, rank_cwd, package = _staging(recipe, cluster, cwd, output_dir)
     accelerator = detect_accelerator(cluster)
     inventory, busy = gpu_facts(recipe, cluster, accelerator)
     facts = PlanFacts(job_id=job_id, run_dir=run_dir or _run_dir_for(cluster, job_id), output_dir=output_dir,
@@ -360,10 +361,36 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
                       hosts=cluster.ssh.hosts if cluster.ssh else (), run_module=run_module,
                       trainer_defaults=defaults, gpu_inventory=inventory, gpu_busy=busy,
                       passthrough_env=passthrough_env(recipe))
-    plan = make_plan(recipe, cluster, facts, notes=notes)
-    files = render_files(plan, recipe.to_dict())
+    plan = make_plan(host_recipe, cluster, facts, notes=notes)
+    if rank_cwd or package:
+        plan = dataclasses.replace(plan, rank_cwd=rank_cwd, node_package=package)
+    files = render_files(plan, host_recipe.to_dict())
+    files.update(stage_files)
     files.update(launcher_for(cluster).prepare(plan).files)  # e.g. the standalone job.sbatch (pure prepare)
     return Prepared(recipe=recipe, cluster=cluster, plan=plan, files=files)
+
+
+def _staging(recipe, cluster, cwd: Path, output_dir: str):
+    """(the job as its hosts run it, {"stage.json": layout} or {}, the ranks' cwd, the node package's hash). SSH hosts
+    without a shared filesystem get the node package and (ssh.stage) the job's local inputs, under
+    ${RUN_DIR}/staged (docs/staging.md); with a shared filesystem the ranks start in the submitter's directory."""
+    if cluster.kind != "ssh" or cluster.ssh is None:
+        return recipe, {}, "", ""
+    if cluster.ssh.shared_fs:
+        return recipe, {}, str(cwd), ""
+    from orchestrator.core.spec import RunJobSpec
+    from orchestrator.launchers.ssh import stage as ssh_stage
+    host_recipe, layout, rank_cwd = ssh_stage.plan_staging(recipe, cwd, output_dir, cluster.ssh)
+    cache = ssh_stage.hash_cache()
+    package = ssh_stage.package_tree(cache).sha
+    cache.save()
+    needed = ["torch", "accelerate"]
+    if not isinstance(recipe, RunJobSpec) or recipe.run.kind == "trl":
+        needed += ["transformers", "trl"]
+    doc = {"sources": [dataclasses.asdict(x) for x in layout.sources], "output_local": layout.output_local,
+           "output_key": layout.output_key, "fetch": layout.fetch, "stage": layout.stage,
+           "inputs": list(layout.inputs), "needed": needed, "package": package}
+    return host_recipe, {ssh_stage.STAGE_FILE: json.dumps(doc, indent=1, sort_keys=True) + "\n"}, rank_cwd, package
 
 
 def write_files(files: dict[str, str], out_dir: Path) -> None:

@@ -31,6 +31,13 @@ def _orchestrate_home(tmp_path_factory):
         os.environ["ORCHESTRATE_HOME"] = old
 
 
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    """The tiny Llama's local directory (built once, offline)."""
+    from recipes.tiny import resolve_model_path
+    return resolve_model_path("tiny-llama")
+
+
 @pytest.fixture
 def job_guard(request, _orchestrate_home):
     """A helpers.JobGuard for this test, already watching $ORCHESTRATE_HOME (new jobs there are this test's).

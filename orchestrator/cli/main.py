@@ -113,6 +113,9 @@ def cmd_render(args) -> int:
         print(prepared.plan.to_json(), end="")
     else:
         print(summary(prepared.plan))
+        from orchestrator.cli.views import staging_text
+        if staging_text(prepared.files):
+            print(staging_text(prepared.files))
         extra = ", job.sbatch (submit it by hand with: sbatch " + str(out / "job.sbatch") + ")" \
             if "job.sbatch" in prepared.files else ""
         print(f"wrote {len(prepared.files)} files to {out}/ (plan.json, recipe.yaml, nodes/<rank>/accelerate.yaml, "
@@ -123,8 +126,11 @@ def cmd_render(args) -> int:
 def cmd_submit(args) -> int:
     from orchestrator import api
     from orchestrator.core.render import summary
+    from orchestrator.cli.views import staging_text
     prepared = _prepare(args)
     print(summary(prepared.plan), flush=True)
+    if staging_text(prepared.files):
+        print(staging_text(prepared.files), flush=True)
     if args.dry_run:
         return 0
     if args.detach:

@@ -121,7 +121,9 @@ def ranks_table(st: dict[str, Any]):
 
 def status_view(st: dict[str, Any]):
     from rich.console import Group
-    return Group(status_header(st), "", ranks_table(st))
+    outs = [f"outputs  node {n['node']}: {n['outputs']}" for n in st["nodes"] if n.get("outputs")]
+    outs += [f"fetched  {st['fetched']}"] if st.get("fetched") else []
+    return Group(status_header(st), *(["", "\n".join(outs)] if outs else []), "", ranks_table(st))
 
 
 def show_jobs(rows: list[dict[str, Any]], mode: str = "auto") -> None:

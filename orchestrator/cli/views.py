@@ -49,13 +49,16 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
     monitor = HealthMonitor(HealthSpec(**(plan.get("health") or {})), world, now)
     for rec in heartbeats:
         monitor.feed(rec, float(rec.get("t") or now))
+    handle_nodes = {n.get("rank"): n for n in ((_read_json(run_dir / "handle.json").get("data") or {}).get("nodes")
+                                               or []) if isinstance(n, dict)}
     nodes = []
     for node in plan.get("node_plans") or []:
         r = node["node_rank"]
         agent = _read_json(run_dir / "nodes" / str(r) / "agent.json")
         exit_ = _read_json(run_dir / "nodes" / str(r) / "exit.json")
         nodes.append({"node": r, "host": agent.get("host") or node.get("host") or "", "ranks": node["ranks"],
-                      "exit_code": exit_.get("returncode"), "stop_reason": exit_.get("stop_reason") or None})
+                      "exit_code": exit_.get("returncode"), "stop_reason": exit_.get("stop_reason") or None,
+                      "outputs": (handle_nodes.get(r) or {}).get("outputs")})  # host:path where not shared
     ranks = []
     for st in monitor.snapshot():
         ranks.append({"rank": st.rank, "host": st.host, "step": st.step, "max_steps": st.max_steps,
@@ -65,7 +68,15 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
     return {"job": record["id"], "state": record["state"], "backend": record["backend"], "handle": record["handle"],
             "cluster": record["cluster"], "nodes": nodes, "ranks": ranks, "restarts": record.get("restarts") or 0,
             "exit_code": record.get("exit_code"), "root_cause": record.get("root_cause"), "run_dir": record["run_dir"],
-            "created": record["created"], "updated": record["updated"]}
+            "created": record["created"], "updated": record["updated"], "fetched": _fetched(run_dir)}
+
+
+def _fetched(run_dir: Path) -> str | None:
+    f = _read_json(run_dir / "fetched.json")
+    if not f:
+        return None
+    errs = "".join(f"; {h}: {e}" for h, e in (f.get("errors") or {}).items())
+    return f"{f.get('files', 0)} file(s), {f.get('bytes', 0) / 1e6:.1f} MB fetched back{errs}"
 
 
 EVENT_STATE = {"boot": "starting", "dist": "starting", "start": "starting", "step": "training", "save_start": "saving",
@@ -131,6 +142,12 @@ def status_text(st: dict[str, Any]) -> str:
         ranks = f"{n['ranks'][0]}-{n['ranks'][-1]}" if n["ranks"] else "-"
         code = "-" if n["exit_code"] is None else str(n["exit_code"])
         lines.append(f"{n['node']:<5} {n['host'][:20]:<20} {ranks:<9} {code:<5} {n['stop_reason'] or ''}".rstrip())
+    outs = [n for n in st["nodes"] if n.get("outputs")]
+    if outs or st.get("fetched"):
+        lines.append("")
+        lines += [f"outputs  node {n['node']}: {n['outputs']}" for n in outs]
+        if st.get("fetched"):
+            lines.append(f"fetched  {st['fetched']}")
     if st["ranks"]:
         lines.append("")
         lines.append(f"{'RANK':<5} {'HOST':<20} {'STEP':>10} {'LOSS':>8} {'BEAT':>6}  LOSS CURVE")
@@ -166,3 +183,22 @@ def last_step(run_dir: str) -> int | None:
     """The latest step any rank reported (cheap: the end of each heartbeat file)."""
     from orchestrator.node.rundir import RunDir
     return RunDir(run_dir).furthest_step(tail_bytes=4096)
+
+
+def staging_text(files: dict[str, str]) -> str:
+    """What a job stages to SSH hosts without a shared filesystem (docs/staging.md), from its stage.json; "" if none."""
+    if "stage.json" not in files:
+        return ""
+    doc = json.loads(files["stage.json"])
+    lines = [f"staging  node package {doc['package'][:12]} (orchestrator + recipes) -> WORKDIR/cache/trees/"
+             f"{doc['package'][:12]}..., on PYTHONPATH of the agent and ranks"]
+    if not doc["stage"]:
+        lines.append("         ssh.stage: false - these paths must exist on every host: " + (", ".join(doc["inputs"])
+                                                                                           or "(none)"))
+    for src in doc["sources"]:
+        n = len(src["files"]) if src["files"] else 1
+        lines.append(f"         {src['kind']:<6} {src['path']} ({n} file{'s' * (n != 1)}) -> ${{RUN_DIR}}/staged/"
+                     f"{src['label']}")
+    lines.append(f"         output {doc['output_local']} <- ${{RUN_DIR}}/output on each host (WORKDIR/"
+                 f"{doc['output_key']}), fetch: {doc['fetch']}")
+    return "\n".join(lines)

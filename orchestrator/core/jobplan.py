@@ -91,6 +91,10 @@ class LaunchPlan:
     allow_idle_gpus: bool = False
     network_interface: str | None = None  # the interface every node must have, "auto" (bound per node), None: any
     env_passthrough: tuple[str, ...] = ()  # names of the submitter's variables in the env (launch.env_passthrough)
+    # SSH hosts without a shared filesystem (docs/staging.md): the ranks' working directory (RUN_DIR_VAR-relative;
+    # "": the agent's own) and the content hash of the node package the hosts get (""; they import their own)
+    rank_cwd: str = ""
+    node_package: str = ""
 
     def node(self, rank: int) -> NodePlan:
         return self.node_plans[rank]
@@ -130,6 +134,7 @@ class LaunchPlan:
 
 
 _UNSET_LEFT_OUT = ("run_kind", "run_target", "run_paths", "gpus_per_node", "gpu_ids", "allow_idle_gpus",
-                   "network_interface", "env_passthrough")
+                   "network_interface", "env_passthrough", "rank_cwd", "node_package")
 _DEFAULTS: dict[str, Any] = {"run_kind": "recipe", "run_target": "", "run_paths": [], "gpus_per_node": None,
-                             "gpu_ids": [], "allow_idle_gpus": False, "network_interface": None, "env_passthrough": []}
+                             "gpu_ids": [], "allow_idle_gpus": False, "network_interface": None, "env_passthrough": [],
+                             "rank_cwd": "", "node_package": ""}

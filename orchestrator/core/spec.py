@@ -60,6 +60,14 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True)
+class OutputsSpec:
+    # SSH hosts without a shared filesystem: what comes back to the submitter's output dir after the job
+    # (none: stays on the hosts, `status` says where; final: the whole output dir; last_checkpoint: its newest
+    # checkpoint-N)
+    fetch: Annotated[str, one_of("none", "final", "last_checkpoint")] = "none"
+
+
+@dataclass(frozen=True)
 class ParallelismSpec:
     dp_replicate: PosInt | None = None
     dp_shard: PosInt | None = None
@@ -91,6 +99,7 @@ class RecipeSpec:
     tokenizer: str | None = None
     trainer: dict[str, Any] = field(default_factory=dict)  # TRL's config fields, checked by check_trainer
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    outputs: OutputsSpec = field(default_factory=OutputsSpec)
     launch: LaunchSpec = field(default_factory=LaunchSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
     source: Internal = "<recipe>"
@@ -215,6 +224,7 @@ class RunJobSpec:
 
     run: RunSpec
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    outputs: OutputsSpec = field(default_factory=OutputsSpec)
     launch: LaunchSpec = field(default_factory=LaunchSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
     source: Internal = "<recipe>"
@@ -249,6 +259,11 @@ class SSHSpec:
     hostfile: str | None = None
     gpus_per_node: int | None = None  # GPUs on each host (null: asked with nvidia-smi when procs_per_node is auto);
     #                                   the pre-flight checks it against every host
+    stage: bool = True  # no shared_fs: copy the job's local code, data and model dirs to each host's cache (false:
+    #                     they must exist at the same paths on every host; the node package is shipped either way)
+    stage_exclude: tuple[str, ...] = ()  # glob patterns (a name or a relative path) never staged, besides the defaults
+    allow_version_mismatch: bool = False  # run although python/torch/accelerate/transformers/trl/deepspeed differ
+    min_free_gb: float = 1.0  # free disk each host must keep in its workdir after staging (for outputs)
 
 
 @dataclass(frozen=True)

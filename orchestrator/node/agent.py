@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from orchestrator.core.hostlist import first_host
-from orchestrator.core.jobplan import LATE_MAIN_IP, LaunchPlan
+from orchestrator.core.jobplan import LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan
 from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_marked, marked, marked_ranks,
                                          process_start_time, signal_group, signal_pids)
 from orchestrator.node.rundir import AgentRecord, ExitRecord, RunDir
@@ -209,10 +209,14 @@ class Agent:
         self.rd.mkdir(RunDir.HEARTBEATS)
         self.rd.mkdir(RunDir.LOGS)
         argv = self.rd.bind(self.plan.node(self.rank).command)
+        recipe = self.rd.path(RunDir.RECIPE)
+        if recipe.exists() and RUN_DIR_VAR in (text := recipe.read_text()):  # staged paths (docs/staging.md)
+            self.rd.write_text(RunDir.RECIPE, text.replace(RUN_DIR_VAR, str(self.run_dir)))
+        cwd = self.rd.bind([self.plan.rank_cwd])[0] if self.plan.rank_cwd else None
         # SLURM signals every process of a step; torchrun has no USR2 handler and would die of it, orphaning
         # the ranks. Ignored dispositions survive exec, so the launcher ignores USR2 and each rank's own
         # handler (the recipes' save-on-signal) replaces the ignore in the ranks.
-        self.proc = subprocess.Popen(argv, env=self.environment(secrets), start_new_session=True,
+        self.proc = subprocess.Popen(argv, env=self.environment(secrets), start_new_session=True, cwd=cwd,
                                      stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
         self.rd.write_agent(AgentRecord(
             node_rank=self.rank, host=socket.gethostname(), agent_pid=os.getpid(), agent_pgid=os.getpgrp(),

@@ -148,7 +148,7 @@ class RunDir:
 
     def bind(self, argv) -> list[str]:
         """The plan's argv with RUN_DIR_VAR replaced by this run dir (the one place a plan path is bound)."""
-        return [str(self.root) + a[len(RUN_DIR_VAR):] if a.startswith(RUN_DIR_VAR) else a for a in argv]
+        return [a.replace(RUN_DIR_VAR, str(self.root)) for a in argv]  # also inside `--opt=${RUN_DIR}/x`
 
     # ----------------------------------------------------------------------------------- writing
     def mkdir(self, rel: str = "") -> Path:

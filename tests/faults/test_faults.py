@@ -86,7 +86,7 @@ def test_same_fault_same_verdict_on_every_backend(backend, fault, tmp_path, requ
     plan = dataclasses.replace(prep.plan, node_plans=tuple(
         dataclasses.replace(n, command=n.command[:5] + (str(PROBE), str(out), mode)) for n in prep.plan.node_plans))
     rd = RunDir(plan.run_dir)
-    api.write_files(render_files(plan, prep.recipe.to_dict()), rd.root)
+    api.write_files({**prep.files, **render_files(plan, prep.recipe.to_dict())}, rd.root)  # (+ stage.json on SSH)
     job_guard.run_dir(rd.root)
     from orchestrator.launchers import launcher_for
     launcher = launcher_for(prep.cluster)

@@ -18,14 +18,6 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_model() -> str:
-    for k, v in OFFLINE_ENV.items():
-        os.environ.setdefault(k, v)
-    from recipes.tiny import resolve_model_path
-    return resolve_model_path("tiny-llama")
-
-
 def submit(job: str, *overrides: str) -> tuple[int, str]:
     r = run([PYTHON, "-m", "orchestrator.cli", "submit", job, "--nodes", "2", *overrides],
             env={**os.environ, **OFFLINE_ENV}, cwd=REPO, timeout=900, stderr=None)

@@ -3,22 +3,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 import yaml
-from own_code_helpers import HERE, OFFLINE, Launch, base_env, free_port
-
-
-@pytest.fixture(scope="session")
-def tiny_model() -> str:
-    for k, v in OFFLINE.items():
-        os.environ.setdefault(k, v)
-    from recipes.tiny import resolve_model_path
-
-    return resolve_model_path("tiny-llama")
+from own_code_helpers import HERE, Launch, base_env, free_port
 
 
 @pytest.fixture

@@ -76,6 +76,7 @@ class SSHJob:
         self.hb_files: dict[int, Any] = {}
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self.outputs: dict[str, Any] | None = None  # staged hosts: {ssh, python, key, local, fetch, workdirs}
 
     # ---------------------------------------------------------------- what the pumps report
     def heartbeat(self, rec: dict[str, Any]) -> None:
@@ -144,6 +145,7 @@ class SSHJob:
         for n in self.node_list:
             n.done.wait(timeout=2)
         fetch_back(self)
+        fetch_job_outputs(self)
         with self._lock:
             for fh in self.hb_files.values():
                 try:
@@ -151,6 +153,26 @@ class SSHJob:
                 except OSError:
                     pass
         self.pool.close()
+
+
+def fetch_job_outputs(job: SSHJob) -> None:
+    """outputs.fetch (docs/staging.md): bring the output dir (or its newest checkpoint) back from every node's host
+    after the job, whatever its end; what came back is recorded in RUN_DIR/fetched.json."""
+    o = job.outputs
+    if not o or o["fetch"] == "none":
+        return
+    from orchestrator.launchers.ssh.stage import fetch_outputs
+    nodes = [(n.host, o["workdirs"][n.rank]) for n in sorted(job.node_list, key=lambda n: n.rank) if not n.lost]
+    logger.warning("fetching the outputs (%s) from %d host(s) into %s ...", o["fetch"], len(nodes), o["local"])
+    t0 = time.time()
+    summary = fetch_outputs(job.pool, o["ssh"], nodes, o["key"], Path(o["local"]), o["fetch"])
+    summary["seconds"] = round(time.time() - t0, 3)
+    logger.warning("fetched %d file(s), %.1f MB in %.1f s%s", summary["files"], summary["bytes"] / 1e6,
+                   summary["seconds"], "".join(f"; {h}: {e}" for h, e in summary["errors"].items()))
+    try:
+        job.rd.write_json("fetched.json", summary)
+    except OSError:
+        pass
 
 
 def copy_run_dir(conn: Any, local: Path, rels: list[str], remote: str) -> None:

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 from typing import Any, Iterator
 
 from orchestrator.core.jobplan import LaunchPlan
@@ -25,6 +26,7 @@ from orchestrator.errors import LaunchError, PreflightError, Problem
 from orchestrator.launchers.base import run_dir_logs, status_from_nodes
 from orchestrator.launchers.ssh.job import Node, SSHJob, copy_run_dir, node_at_host, rank_at_host
 from orchestrator.launchers.ssh.remote import await_probe, agent_shell, close_channel, teardown_command
+from orchestrator.launchers.ssh.stage import agent_prefix
 from orchestrator.node.agent import MODULE, agent_argv
 from orchestrator.node.rundir import RunDir
 from orchestrator.types import JobHandle, JobStatus, NodeCommand, Submission
@@ -62,7 +64,8 @@ class SSHLauncher:
             probe = {"workdir": self._workdir(host), "port": int(plan.port) if np_.node_rank == 0 else 0,
                      "check": f"{run_dir}/{RunDir.PLAN}" if shared else ""}
             probe.update(probe_network_gpus(plan, np_.env))
-            argv = ("setsid", "-w") + agent_argv(python, run_dir, node_rank=np_.node_rank, watch_stdin=True,
+            prefix = agent_prefix(self._workdir(host), plan.node_package) if plan.node_package and not shared else ()
+            argv = ("setsid", "-w") + prefix + agent_argv(python, run_dir, node_rank=np_.node_rank, watch_stdin=True,
                                                  secrets_stdin=True, forward_heartbeats=True, grace=self.grace_s,
                                                  probe=probe, module=self.agent_module)
             nodes.append(NodeCommand(node_rank=np_.node_rank, host=host, argv=argv, env=dict(np_.env),
@@ -70,7 +73,9 @@ class SSHLauncher:
             run_dirs[np_.node_rank] = run_dir
             copies[np_.node_rank] = [] if shared else [RunDir.RECIPE, RunDir.PLAN, f"{RunDir.NODES}/{np_.node_rank}/"]
         extra = {"job_id": plan.job_id, "main_host": plan.main_host, "port": plan.port, "shared_fs": shared,
-                 "python": python, "remote_run_dirs": run_dirs, "copy": copies}
+                 "python": python, "remote_run_dirs": run_dirs, "copy": copies, "package": plan.node_package,
+                 "workdirs": {n.node_rank: self._workdir(n.host) for n in nodes},
+                 "deepspeed": plan.distributed_type == "DEEPSPEED"}
         if plan.accelerator == "gpu":  # what the pre-flight compares with each host's GPUs (gpu_problems)
             extra["gpus"] = {"procs_per_node": plan.procs_per_node, "gpu_ids": list(plan.gpu_ids),
                              "allow_idle": plan.allow_idle_gpus, "declared": getattr(self.ssh, "gpus_per_node", None)}
@@ -101,27 +106,24 @@ class SSHLauncher:
                         problems.append(Problem(str(local.path(rel)), "missing in the local run dir"))
         return problems
 
-    def preflight(self, sub: Submission, local: RunDir):
+    def preflight(self, sub: Submission, local: RunDir, pool: Any = None):
         """Connect to ALL hosts and start each one's agent in probe mode: it checks its host, reports, and waits.
         Any bad host: every agent is told to stand down (stdin EOF, nothing started anywhere) and PreflightError
         names each bad host. Returns (pool, {host: {"probe", "chan", "wrapper_pid", "rest"}})."""
-        from orchestrator.launchers.ssh.transport import HostError, Pool
+        from orchestrator.launchers.ssh.transport import HostError
 
         problems = self._static_problems(sub, local)
         if problems:
             raise PreflightError(sorted(set(problems), key=problems.index))
-        try:
-            pool = Pool(self.ssh)
-        except FileNotFoundError as e:
-            raise PreflightError(Problem("ssh", str(e))) from None
-        except ValueError as e:
-            raise PreflightError(Problem("ssh.key", str(e))) from None
+        pool = pool or self.pool()
         by_host = {n.host: n for n in sub.nodes}
         python = sub.extra["python"]
         chans: dict[str, Any] = {}
 
         def probe(host: str) -> dict[str, Any]:
-            conn = pool.connect(host)
+            conn = pool.conns.get(host)
+            if conn is None or not conn.alive:
+                conn = pool.connect(host)
             chan = chans[host] = conn.open(agent_shell(by_host[host].argv), combine_stderr=True)
             out = await_probe(chan, python, max(conn.timeout, 30.0))
             if out.get("why"):
@@ -145,11 +147,82 @@ class SSHLauncher:
             raise PreflightError(problems)
         return pool, results
 
+    def pool(self):
+        from orchestrator.launchers.ssh.transport import Pool
+        try:
+            return Pool(self.ssh)
+        except FileNotFoundError as e:
+            raise PreflightError(Problem("ssh", str(e))) from None
+        except ValueError as e:
+            raise PreflightError(Problem("ssh.key", str(e))) from None
+
+    def stage(self, sub: Submission, local: RunDir, pool: Any) -> tuple[Submission, dict[str, Any]]:
+        """Hosts without a shared filesystem (docs/staging.md): the node package and the job's inputs into each
+        host's cache (only what it lacks), the job's links, every host's facts checked first. Returns the
+        submission with each host's workdir bound (`~` resolved there) and what was staged."""
+        from orchestrator.launchers.ssh import stage as st
+        doc = local.read_json(st.STAGE_FILE)
+        if not isinstance(doc, dict):
+            raise PreflightError(Problem(str(local.path(st.STAGE_FILE)), "missing or unreadable (render it again)"))
+        t0 = time.time()
+        cache = st.hash_cache()
+        pkg = st.package_tree(cache)
+        if pkg.sha != sub.extra["package"]:
+            raise PreflightError(Problem("orchestrator", "the installed orchestrate changed since the job was "
+                                                         "prepared: submit again"))
+        layout = st.Layout(tuple(st.Source(d["label"], d["path"], d["kind"], tuple(d["files"]))
+                                 for d in doc["sources"]), doc["output_local"], doc["output_key"], doc["fetch"],
+                           doc["stage"], tuple(doc["inputs"]))
+        try:
+            trees = [pkg] + st.source_trees(layout, cache)
+        except OSError as e:
+            raise PreflightError(Problem(getattr(e, "filename", None) or "staging",
+                                         f"cannot read: {e.strerror}")) from None
+        cache.save()
+        job = sub.extra["job_id"]
+        links = {f"runs/{job}/staged/{t.label}": t.sha for t in trees[1:]}
+        links[f"runs/{job}/output"] = layout.output_key
+        needed = tuple(doc.get("needed", ())) + (("deepspeed",) if sub.extra.get("deepspeed") else ())
+        stager = st.Stager(pool, self.ssh, trees, links, needed)
+        hosts = [n.host for n in sub.nodes]
+        stager.hello(hosts, () if layout.stage else layout.inputs)
+        t_hello = time.time()
+        total = sum(dict(stager.blobs)[s] for hs in stager.hosts.values() for s in hs.missing)
+        if total > 64 << 20:
+            logger.warning("staging %.1f MB to %d host(s) ...", total / 1e6, len(hosts))
+        facts = stager.push(on_progress=lambda done, tot: logger.warning("staging: %.0f of %.0f MB", done / 1e6,
+                                                                         tot / 1e6))
+        stager.close()
+        nodes = []
+        for n in sub.nodes:
+            wd, real = sub.extra["workdirs"][n.node_rank], facts[n.host].workdir
+            argv = tuple(real + a[len(wd):] if a.startswith(wd) else
+                         a.replace("=" + wd, "=" + real, 1) if a.startswith("PYTHONPATH=") else a for a in n.argv)
+            nodes.append(replace(n, argv=argv))
+        extra = dict(sub.extra, remote_run_dirs={r: facts[n.host].workdir + d[len(sub.extra["workdirs"][r]):]
+                                                  for r, d, n in ((n.node_rank, sub.extra["remote_run_dirs"][
+                                                      n.node_rank], n) for n in sub.nodes)})
+        report = {"hosts": {h: {"workdir": f.workdir, "sent_bytes": f.sent_bytes, "sent_files": f.sent_files,
+                                "trees_built": f.built, "versions": f.versions} for h, f in facts.items()},
+                  "bytes": sum(t.size for t in trees), "files": sum(len(t.entries) for t in trees),
+                  "sent_bytes": sum(f.sent_bytes for f in facts.values()), "hello_s": round(t_hello - t0, 3),
+                  "seconds": round(time.time() - t0, 3), "output_key": layout.output_key, "fetch": layout.fetch,
+                  "output_local": layout.output_local}
+        local.write_json("staged.json", report)
+        return replace(sub, nodes=tuple(nodes), extra=extra), report
+
     # ------------------------------------------------------------------ submit
     def submit(self, submission: Submission, run_dir: RunDir) -> SSHJob:
         sub, local = submission, run_dir
         t0 = time.time()
-        pool, probes = self.preflight(sub, local)
+        pool, staged = self.pool(), None
+        try:
+            if sub.extra.get("package") and not sub.extra["shared_fs"]:
+                sub, staged = self.stage(sub, local, pool)
+            pool, probes = self.preflight(sub, local, pool)
+        except BaseException:
+            pool.close()
+            raise
         timeline = {"submitted": t0, "preflight_done": time.time()}  # connect + agents probing every host
         shared = sub.extra["shared_fs"]
         nodes = []
@@ -163,6 +236,10 @@ class SSHLauncher:
                               chan=probes[n.host]["chan"], wrapper_pid=probes[n.host]["wrapper_pid"],
                               pending=probes[n.host]["rest"]))
         job = SSHJob(sub.extra["job_id"], local, nodes, pool, shared, sub.extra["python"], grace=self.grace_s)
+        if staged:
+            workdirs = {n.rank: staged["hosts"][n.host]["workdir"] for n in nodes}
+            job.outputs = {"ssh": self.ssh, "key": staged["output_key"], "local": staged["output_local"],
+                           "fetch": staged["fetch"], "workdirs": workdirs}
         local.mkdir(RunDir.LOGS)
         try:
             if not shared:
@@ -197,7 +274,8 @@ class SSHLauncher:
         job.handle = JobHandle(uri=f"ssh://{job.job_id}", data={
             "job_id": job.job_id, "timeline": timeline,
             "nodes": [{"rank": n.rank, "host": n.host, "run_dir": n.run_dir, "wrapper_pid": n.wrapper_pid}
-                      for n in nodes]})
+                      | ({"outputs": f"{n.host}:{job.outputs['workdirs'][n.rank]}/{job.outputs['key']}"}
+                         if job.outputs else {}) for n in nodes]})
         return job
 
     # ------------------------------------------------------------------ from any process

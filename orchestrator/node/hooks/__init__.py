@@ -20,6 +20,7 @@ Environment (set by the node agent for the ranks):
                               latest checkpoint-* in args.output_dir (if any); a path: from that checkpoint;
                               unset / "never": the user's call is left alone
   ORCHESTRATE_SAVE_ON_SIGNAL  "0" turns the Trainer save-on-signal off (default on)
+  ORCHESTRATE_SAVE_ON_EACH_NODE "1" sets TrainingArguments.save_on_each_node (SSH hosts without a shared filesystem)
   ORCHESTRATE_JOB_ID          W&B defaults (WANDB_RUN_ID, WANDB_RESUME=allow, WANDB_RUN_GROUP, WANDB_NAME) where unset
   ORCHESTRATE_HOOKS           "0" turns all of it off (the chained user sitecustomize still runs)
   ORCHESTRATE_HEARTBEAT_FLUSH_S  buffering of optimizer-hook / beat() step records (default 0.5 s)

@@ -124,6 +124,10 @@ def _attach(trainer) -> None:
     except ImportError:  # imported through the package (tests), not from the hooks directory
         from orchestrator.node.hooks import orchestrate_trainer as ot
 
+    if os.environ.get("ORCHESTRATE_SAVE_ON_EACH_NODE") == "1" and hasattr(trainer.args, "save_on_each_node"):
+        # hosts without a shared filesystem (docs/staging.md): every node keeps whole checkpoints, so each can resume
+        trainer.args.save_on_each_node = True
+        _weights_on_each_node()
     save_on_signal = os.environ.get("ORCHESTRATE_SAVE_ON_SIGNAL", "1").strip().lower() not in _OFF
     preempt = ot.PreemptionCallback() if save_on_signal else None
     heartbeat = ot.HeartbeatCallback(preempt=preempt)
@@ -131,6 +135,20 @@ def _attach(trainer) -> None:
         trainer.add_callback(preempt)  # before the heartbeat callback: it sees the save that preempt asks for
     trainer.add_callback(heartbeat)
     trainer._orchestrate_hooks = (preempt, heartbeat)
+
+
+def _weights_on_each_node() -> None:
+    """transformers 5 writes model weights on global rank 0 only, whatever `save_on_each_node` says (its
+    `PreTrainedModel.should_save_on_this_rank`): let the Trainer's own choice (`args.should_save`, passed as
+    is_main_process) decide again, so each node's local main process writes the weights of its checkpoints."""
+    try:
+        from transformers import modeling_utils
+    except ImportError:
+        return
+    cls = getattr(modeling_utils, "PreTrainedModel", None)
+    if cls is not None and hasattr(cls, "should_save_on_this_rank") and not getattr(cls, "_orchestrate_each", False):
+        cls.should_save_on_this_rank = lambda self, is_main_process: is_main_process
+        cls._orchestrate_each = True
 
 
 def _owned_elsewhere(trainer, ours) -> bool:

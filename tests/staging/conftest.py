@@ -1,0 +1,57 @@
+"""Fixtures of the staging suite: SSH hosts that share NOTHING with the submit host (scripts/sshd_hosts.py
+private hosts: each sshd in a mount namespace of its own, the test venv read-only at /opt/hostenv, the checkout,
+/tmp and the submitter's caches hidden, a private tmpfs work area at /var/tmp/orchestrate-host).
+
+Needs root, Debian's openssh-server and util-linux (unshare, nsenter). Without them the tests skip with the
+reason, except under CI=true, where a missing prerequisite is a failure (as in tests/ssh/conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+import sshd_hosts  # noqa: E402
+from private_hosts import private_down, private_up  # noqa: E402
+
+BASE_IP = os.environ.get("ORCHESTRATE_TEST_PRIVATE_BASE_IP", sshd_hosts.PRIVATE_BASE_IP)  # 127.0.13.2
+PORT = int(os.environ.get("ORCHESTRATE_TEST_PRIVATE_PORT", str(sshd_hosts.PRIVATE_PORT)))  # 2224
+N_HOSTS = 3  # 2 job nodes + 1 spare
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(here):
+            item.add_marker(pytest.mark.ssh)
+
+
+@pytest.fixture(scope="session")
+def private_testbed(tmp_path_factory):
+    """3 private hosts (127.0.13.2-4, port 2224); ssh_block(): python /opt/hostenv/bin/python,
+    workdir /var/tmp/orchestrate-host/work, shared_fs false."""
+    tb = private_up(N_HOSTS, tmp_path_factory.mktemp("sshd_private"), BASE_IP, PORT,
+                    hide=[tmp_path_factory.getbasetemp()])
+    yield tb
+    private_down(tb)
+
+
+@pytest.fixture
+def make_private_cluster(private_testbed):
+    """make_private_cluster(hosts=None, **ssh_overrides) -> ClusterSpec (kind ssh) on the private hosts;
+    hosts default to the first two."""
+    from orchestrator.core.spec import parse_cluster
+
+    def make(hosts=None, **over):
+        block = private_testbed.ssh_block(**over)
+        block["hosts"] = list(hosts if hosts is not None else private_testbed.hosts[:2])
+        return parse_cluster({"kind": "ssh", "name": "privlab", "accelerator": "cpu", "network_interface": "lo",
+                              "ssh": block}, source="<test>")
+    return make
+
+

@@ -1,0 +1,219 @@
+"""Staging units: what a job stages and where it appears on the hosts, the refusals, the host cache's protocol.
+
+The host cache (orchestrator.node.stagecache) runs here in a subprocess exactly as over SSH (`python -c SOURCE serve
+WORKDIR`, JSON lines on stdin/stdout); the end-to-end runs on hosts that share nothing are in tests/staging/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.launchers.ssh import stage as st
+from orchestrator.node import stagecache
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Host:
+    """A stagecache server in a subprocess, spoken to as the submitter does."""
+
+    def __init__(self, workdir: Path):
+        self.p = subprocess.Popen([sys.executable, "-c", Path(stagecache.__file__).read_text(), "serve", str(workdir)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={"PATH": os.environ["PATH"]})
+
+    def ask(self, req: dict, payload: bytes = b"") -> dict:
+        self.p.stdin.write((json.dumps(req) + "\n").encode() + payload)
+        self.p.stdin.flush()
+        return json.loads(self.p.stdout.readline())
+
+    def close(self) -> int:
+        self.p.stdin.close()
+        return self.p.wait(timeout=10)
+
+
+@pytest.fixture
+def host(tmp_path):
+    h = Host(tmp_path / "w")
+    yield h
+    h.p.kill()
+    h.p.wait()
+
+
+def test_host_cache_receives_verifies_and_reuses(host, tmp_path):
+    a, b = b"print('hi')\n", os.urandom(3 << 20)
+    blobs = [[_sha(a), len(a)], [_sha(b), len(b)]]
+    hello = host.ask({"op": "hello", "packages": ["torch", "no-such-package-xyz"], "paths": ["/", "/no/such"]})
+    assert hello["workdir"] == str((tmp_path / "w").resolve()) and hello["free"] > 0
+    assert hello["versions"]["no-such-package-xyz"] is None and hello["versions"]["torch"]
+    assert hello["absent"] == ["/no/such"]
+    assert sorted(host.ask({"op": "check", "blobs": blobs})["missing"]) == sorted([_sha(a), _sha(b)])
+    assert host.ask({"op": "put", "blobs": blobs}, a + b) == {"bytes": len(a) + len(b), "bad": []}
+    assert host.ask({"op": "check", "blobs": blobs})["missing"] == []
+    tree = {"t1": [["pkg/run.py", _sha(a), len(a), 0o500], ["data/w.bin", _sha(b), len(b), 0o400]]}
+    out = host.ask({"op": "build", "trees": tree, "links": {"runs/j/staged/code": "t1", "runs/j/output": "outputs/k"}})
+    assert out == {"built": ["t1"]}
+    w = tmp_path / "w"
+    assert (w / "runs/j/staged/code/pkg/run.py").read_bytes() == a
+    assert (w / "runs/j/output").resolve() == (w / "outputs/k").resolve()
+    assert os.stat(w / "cache/trees/t1/pkg/run.py").st_mode & 0o777 == 0o500
+    assert os.stat(w / "cache/trees/t1/data/w.bin").st_mode & 0o777 == 0o400
+    assert os.stat(w / "cache").st_mode & 0o077 == 0
+    # the same tree again: nothing to build
+    assert host.ask({"op": "build", "trees": tree, "links": {"runs/j/staged/code": "t1"}}) == {"built": []}
+
+
+def test_a_corrupted_cached_file_is_detected_resent_and_its_trees_rebuilt(host, tmp_path):
+    data = os.urandom(1 << 20)
+    blobs = [[_sha(data), len(data)]]
+    host.ask({"op": "put", "blobs": blobs}, data)
+    tree = {"t": [["w.bin", _sha(data), len(data), 0o400]]}
+    host.ask({"op": "build", "trees": tree})
+    staged = tmp_path / "w/cache/trees/t/w.bin"
+    os.chmod(staged, 0o600)
+    with open(staged, "r+b") as fh:  # bit rot through the staged tree's hard link
+        fh.write(b"\0\0\0\0")
+    assert host.ask({"op": "check", "blobs": blobs})["missing"] == [_sha(data)]
+    host.ask({"op": "put", "blobs": blobs}, data)
+    assert host.ask({"op": "build", "trees": tree}) == {"built": ["t"]}
+    assert staged.read_bytes() == data
+
+
+def test_host_cache_refuses_bad_content_and_paths(host):
+    data = b"x" * 100
+    out = host.ask({"op": "put", "blobs": [["0" * 64, len(data)]]}, data)
+    assert out["bad"] == ["0" * 64]  # content that does not have the announced hash is not kept
+    host.ask({"op": "put", "blobs": [[_sha(data), len(data)]]}, data)
+    for rel in ("../escape", "/etc/x", "a/../../b", "a//b"):
+        out = host.ask({"op": "build", "trees": {"t": [[rel, _sha(data), len(data), 0o400]]}})
+        assert "refused manifest path" in out["error"], rel
+    out = host.ask({"op": "build", "links": {"../../x": "t"}})
+    assert "refused link" in out["error"]
+
+
+def test_list_root_excludes_secrets_and_refuses_escaping_symlinks(tmp_path):
+    code = tmp_path / "code"
+    (code / "pkg").mkdir(parents=True)
+    (code / "train.py").write_text("print(1)\n")
+    (code / "pkg" / "m.py").write_text("")
+    for secret in (".env", "id_ed25519", "server.pem", ".netrc"):
+        (code / secret).write_text("s3cr3t")
+    (code / "__pycache__").mkdir()
+    (code / "__pycache__" / "x.pyc").write_text("")
+    (code / "big.ckpt").write_text("")
+    (code / "inside").symlink_to(code / "pkg" / "m.py")
+    assert st.list_root(code, ("*.ckpt",)) == ("inside", "pkg/m.py", "train.py")
+    (tmp_path / "outside.txt").write_text("x")
+    (code / "leak").symlink_to(tmp_path / "outside.txt")
+    with pytest.raises(ConfigError, match="symlink leaving"):
+        st.list_root(code)
+    assert "leak" not in st.list_root(code, ("leak",))
+
+
+def test_git_root_stages_tracked_and_unignored_files(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "train.py").write_text("print(1)\n")
+    (repo / "notes.txt").write_text("n")
+    (repo / "ignored.log").write_text("x")
+    (repo / ".gitignore").write_text("*.log\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "src/train.py", ".gitignore"], check=True)
+    assert st.git_root(repo / "src") == repo
+    assert st.list_root(repo) == (".gitignore", "notes.txt", "src/train.py")
+
+
+def _cluster_ssh(**over):
+    from orchestrator.core.spec import parse_cluster
+    block = {"hosts": ["127.0.0.2", "127.0.0.3"], "shared_fs": False, **over}
+    return parse_cluster({"kind": "ssh", "accelerator": "cpu", "ssh": block}, source="<test>")
+
+
+def test_render_of_a_recipe_stages_data_and_rewrites_paths(tmp_path, monkeypatch):
+    from orchestrator import api
+    monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path / "home"))
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(json.dumps({"kind": "ssh", "accelerator": "cpu",
+                                   "ssh": {"hosts": ["127.0.0.2", "127.0.0.3"], "workdir": "/srv/w"}}))
+    p = api.prepare(str(REPO / "recipes/configs/sft_tiny.yaml"), str(cluster), nodes=2, cwd=REPO,
+                    check_trainer=False, overrides=["outputs.fetch=last_checkpoint"])
+    recipe = p.files["recipe.yaml"]
+    assert "${RUN_DIR}/staged/data0/sft_tiny.jsonl" in recipe and "output_dir: ${RUN_DIR}/output" in recipe
+    assert str(REPO) not in recipe
+    doc = json.loads(p.files[st.STAGE_FILE])
+    assert [s["label"] for s in doc["sources"]] == ["data0"] and doc["fetch"] == "last_checkpoint"
+    assert doc["output_local"] == str(REPO / "outputs/sft_tiny") and doc["package"] == p.plan.node_package
+    from orchestrator.launchers.ssh.launcher import SSHLauncher
+    sub = SSHLauncher(p.cluster).prepare(p.plan)
+    argv = sub.nodes[1].argv
+    assert argv[2:4] == ("env", f"PYTHONPATH=/srv/w/cache/trees/{p.plan.node_package}")
+
+
+def test_own_code_script_and_args_are_staged_under_the_code_root(tmp_path, monkeypatch):
+    from orchestrator import api
+    monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path / "home"))
+    proj = tmp_path / "proj"
+    (proj / "lib").mkdir(parents=True)
+    (proj / "lib" / "util.py").write_text("")
+    (proj / "train.py").write_text("print(1)\n")
+    (proj / "conf.json").write_text("{}")
+    data = tmp_path / "data.jsonl"
+    data.write_text("{}\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps({"run": {"script": "train.py", "args": {
+        "config": "conf.json", "data": str(data), "output_dir": "out", "logging_dir": "out/logs"}}}))
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(json.dumps({"kind": "ssh", "accelerator": "cpu", "ssh": {"hosts": ["127.0.0.2"]}}))
+    p = api.prepare(str(job), str(cluster), nodes=1, cwd=proj, check_trainer=False)
+    cmd = p.plan.node(0).command
+    assert "${RUN_DIR}/staged/code/train.py" in cmd
+    assert "${RUN_DIR}/staged/code/conf.json" in cmd  # a relative arg resolved against cwd, inside the code root
+    assert "${RUN_DIR}/staged/input1/data.jsonl" in cmd  # outside it: staged on its own
+    assert "${RUN_DIR}/output" in cmd and "${RUN_DIR}/output/logs" in cmd
+    assert p.plan.rank_cwd == "${RUN_DIR}/staged/code"  # the ranks start where you ran orchestrate
+    doc = json.loads(p.files[st.STAGE_FILE])
+    assert [(s["label"], s["files"]) for s in doc["sources"]] == [
+        ("code", ["conf.json", "lib/util.py", "train.py"]), ("input1", [])]
+
+
+def test_staging_off_keeps_paths_and_checks_them_on_hosts(tmp_path, monkeypatch):
+    from orchestrator import api
+    monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path / "home"))
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(json.dumps({"kind": "ssh", "accelerator": "cpu",
+                                   "ssh": {"hosts": ["127.0.0.2", "127.0.0.3"], "stage": False}}))
+    p = api.prepare(str(REPO / "recipes/configs/sft_tiny.yaml"), str(cluster), nodes=2, cwd=REPO, check_trainer=False)
+    doc = json.loads(p.files[st.STAGE_FILE])
+    assert doc["sources"] == [] and doc["inputs"] == [str(REPO / "recipes/data/sft_tiny.jsonl")]
+    assert str(REPO / "recipes/data/sft_tiny.jsonl") in p.files["recipe.yaml"]
+
+
+def test_hash_cache_reads_an_unchanged_file_once(tmp_path):
+    f = tmp_path / "f"
+    f.write_bytes(b"abc")
+    c = st.HashCache(tmp_path / "h.json")
+    assert c.sha(f)[0] == _sha(b"abc")
+    c.save()
+    c2 = st.HashCache(tmp_path / "h.json")
+    c2.data[str(f)][3] = "remembered"
+    assert c2.sha(f)[0] == "remembered"  # not read again
+    f.write_bytes(b"abcd")
+    assert c2.sha(f)[0] == _sha(b"abcd")
+
+
+def test_the_node_package_is_the_installed_orchestrator_and_recipes(tmp_path):
+    t = st.package_tree(st.HashCache(None))
+    rels = {e[0] for e in t.entries}
+    assert {"orchestrator/node/agent.py", "orchestrator/node/hooks/sitecustomize.py", "recipes/run.py"} <= rels
+    assert not any("__pycache__" in r or r.endswith(".pyc") for r in rels)
