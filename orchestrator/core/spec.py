@@ -264,6 +264,8 @@ class SSHSpec:
     stage_exclude: tuple[str, ...] = ()  # glob patterns (a name or a relative path) never staged, besides the defaults
     allow_version_mismatch: bool = False  # run although python/torch/accelerate/transformers/trl/deepspeed differ
     min_free_gb: float = 1.0  # free disk each host must keep in its workdir after staging (for outputs)
+    stage_relay: bool = True  # large stages to 3+ hosts: the hosts pass the bytes on to each other (they must reach
+    #                           each other on an ephemeral TCP port; otherwise each host gets them from the submitter)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ owner-only; staged files are read-only, 0400 or 0500 when executable):
 A cached blob counts as present only while its stamp matches the file (a write into it, even through a staged
 tree's hard link, changes mtime: it is re-sent and every tree linking it is rebuilt). Protocol: JSON request lines
 on stdin, one JSON reply line each on stdout; `put` is followed by the raw blob bytes, `get` is answered by raw
-bytes after its reply. Ops: hello, check, put, build, list, get (see `Server`).
+bytes after its reply. Ops: hello, check, listen, put, build, list, get (see `Server`).
 """
 
 import hashlib
@@ -109,23 +109,72 @@ class Server:
             seen.add(sha)
         return {"missing": missing}
 
+    def op_listen(self, req):
+        """Open a TCP port for a relayed `put` (host-to-host fan-out): the first line a peer sends must be `token`."""
+        import socket
+        self.listener = socket.socket(socket.AF_INET6 if ":" in req.get("bind", "") else socket.AF_INET)
+        self.listener.bind((req.get("bind", ""), 0))
+        self.listener.listen(1)
+        self.listener.settimeout(float(req.get("timeout", 30)))
+        self.token = req["token"]
+        return {"port": self.listener.getsockname()[1]}
+
+    def _relay_in(self):
+        conn, _ = self.listener.accept()
+        self.listener.close()
+        conn.settimeout(None)
+        rfile = conn.makefile("rb")
+        if rfile.readline().strip() != self.token.encode():
+            conn.close()
+            raise PermissionError("relay peer sent a wrong token")
+        return conn, rfile
+
+    @staticmethod
+    def _relay_out(fwd):
+        import socket
+        out = socket.create_connection((fwd["host"], int(fwd["port"])), timeout=float(fwd.get("timeout", 10)))
+        out.settimeout(None)
+        out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        out.sendall(fwd["token"].encode() + b"\n")
+        return out
+
     def op_put(self, req):
-        """Receive the raw bytes of the listed blobs, in order; each is hashed while written and kept only if its
-        content has the announced sha256."""
+        """Receive the raw bytes of the listed blobs, in order, from stdin (or, `relay`, from the peer that connected
+        to our `listen` port); each is hashed while written and kept only if its content has the announced sha256.
+        `forward` {host, port, token}: pass every byte on to the next host as it arrives (one stream leaves the
+        submitter; the hosts fan it out). A blob this host already holds is only passed on."""
         _mkdirs(self.blobs)
+        if not req.get("relay") and getattr(self, "listener", None) is not None:
+            self.listener.close()  # the stream comes over SSH after all
+        conn, src = self._relay_in() if req.get("relay") else (None, self.rin)
+        out = self._relay_out(req["forward"]) if req.get("forward") else None
+        try:
+            return self._receive(req["blobs"], src, out)
+        finally:
+            for s in (out, conn):
+                if s is not None:
+                    s.close()
+
+    def _receive(self, blobs, src, out):
         bad, got = [], 0
-        for sha, size in req["blobs"]:
+        for sha, size in blobs:
+            keep = self.blob_ok(sha, size) is None
             tmp = self.blob(sha) + ".part.%d" % os.getpid()
             h = hashlib.sha256()
             left = size
-            with open(tmp, "wb") as fh:
+            with open(tmp if keep else os.devnull, "wb") as fh:
                 while left:
-                    data = self.rin.read(min(CHUNK, left))
+                    data = src.read(min(CHUNK, left))
                     if not data:
                         raise EOFError("stream ended inside blob %s" % sha)
-                    h.update(data)
-                    fh.write(data)
+                    if out is not None:
+                        out.sendall(data)
+                    if keep:
+                        h.update(data)
+                        fh.write(data)
                     left -= len(data)
+            if not keep:
+                continue
             got += size
             if h.hexdigest() != sha:
                 os.unlink(tmp)

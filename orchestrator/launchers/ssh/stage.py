@@ -39,6 +39,7 @@ STACK = ("torch", "accelerate", "transformers", "trl", "deepspeed")  # versions 
 CHUNK = 1 << 20
 GIB = 1 << 30
 STAGE_FILE = "stage.json"  # the layout in the run dir (written by prepare, read by submit)
+RELAY_MIN_HOSTS, RELAY_MIN_BYTES = 3, 8 << 20  # below these, sending to each host straight from here is as fast
 
 
 # ----------------------------------------------------------------------------------------- what goes where
@@ -523,39 +524,68 @@ class Stager:
                                                       "true to run anyway)"))
         return problems
 
+    def _payload(self, batch: list[list], progress):
+        """A `put`'s bytes: the listed blobs read from the local files, in order."""
+        def send(chan) -> None:
+            for sha, size in batch:
+                with open(self.local[sha], "rb") as fh:
+                    left = size
+                    while left:
+                        data = fh.read(min(CHUNK, left))
+                        if not data:
+                            raise RuntimeError(f"{self.local[sha]} changed while staging")
+                        chan.sendall(data)
+                        left -= len(data)
+                        progress(len(data))
+        return send
+
+    def _send_plain(self, sock, batch: list[list], progress) -> None:
+        try:
+            self._payload(batch, progress)(sock)
+        except OSError:
+            pass  # the host names what it missed
+        finally:
+            sock.close()
+
     def push(self, on_progress=None) -> dict[str, HostStage]:
-        """Send each host the blobs it lacks (hashed again there), then build the trees and the job's links."""
+        """Send each host the blobs it lacks (hashed again there), then build the trees and the job's links. With
+        RELAY_MIN_HOSTS or more hosts lacking RELAY_MIN_BYTES or more, the bytes leave the submitter once: they go
+        to the first host, which passes them on to the next as they arrive, and so on (a pipeline over the hosts'
+        own network, each hop checked by sha256); where that chain breaks, the hosts still lacking something get
+        it straight from the submitter."""
         sizes = dict(self.blobs)
         trees = {t.sha: [list(e) for e in t.entries] for t in self.trees}
-        total = sum(sizes[s] for hs in self.hosts.values() for s in hs.missing)
-        done = [0]
-        lock = threading.Lock()
-        last = [time.time()]
+        lacking = [h for h, hs in self.hosts.items() if hs.missing]
+        union = sorted({sha for h in lacking for sha in self.hosts[h].missing})
+        relay = (bool(getattr(self.ssh, "stage_relay", True)) and len(lacking) >= RELAY_MIN_HOSTS
+                 and sum(sizes[x] for x in union) >= RELAY_MIN_BYTES)
+        total = sum(sizes[x] for x in union) if relay else sum(sizes[x] for h in lacking
+                                                                 for x in self.hosts[h].missing)
+        done, last, lock = [0], [time.time()], threading.Lock()
+
+        def progress(n: int) -> None:
+            with lock:
+                done[0] += n
+                if on_progress and time.time() - last[0] > 2:
+                    last[0] = time.time()
+                    on_progress(done[0], total)
+
+        def record(host: str, out: dict[str, Any], files: int) -> None:
+            if out["bad"]:
+                raise RuntimeError(f"{len(out['bad'])} file(s) arrived corrupted; first {out['bad'][0][:12]}")
+            hs = self.hosts[host]
+            hs.sent_bytes, hs.sent_files = hs.sent_bytes + int(out["bytes"]), hs.sent_files + files
+
+        if relay:
+            self.relayed = self._relay(lacking, [[x, sizes[x]] for x in union], progress, record)
+            for h in lacking:  # whatever the chain did not deliver comes straight from the submitter
+                self.hosts[h].missing = self.sessions[h].ask({"op": "check", "blobs": self.blobs})["missing"]
 
         def one(host: str) -> HostStage:
             s, hs = self.sessions[host], self.hosts[host]
             if hs.missing:
                 batch = [[sha, sizes[sha]] for sha in hs.missing]
-
-                def payload(chan) -> None:
-                    for sha, size in batch:
-                        with open(self.local[sha], "rb") as fh:
-                            left = size
-                            while left:
-                                data = fh.read(min(CHUNK, left))
-                                if not data:
-                                    raise RuntimeError(f"{self.local[sha]} changed while staging")
-                                chan.sendall(data)
-                                left -= len(data)
-                                with lock:
-                                    done[0] += len(data)
-                                    if on_progress and time.time() - last[0] > 2:
-                                        last[0] = time.time()
-                                        on_progress(done[0], total)
-                out = s.ask({"op": "put", "blobs": batch}, payload)
-                if out["bad"]:
-                    raise RuntimeError(f"{len(out['bad'])} file(s) arrived corrupted; first {out['bad'][0][:12]}")
-                hs.sent_bytes, hs.sent_files = int(out["bytes"]), len(batch)
+                record(host, s.ask({"op": "put", "blobs": batch}, self._payload(batch, progress)), len(batch))
             hs.built = len(s.ask({"op": "build", "trees": trees, "links": self.links})["built"])
             return hs
 
@@ -565,6 +595,63 @@ class Stager:
             self.close()
             raise PreflightError(errs)
         return self.hosts
+
+    def _relay(self, hosts: list[str], batch: list[list], progress, record) -> dict[str, str]:
+        """One stream through the hosts in order: the submitter -> hosts[0] -> hosts[1] -> ... Returns {host: "ok"
+        or why its hop failed}; a failed hop leaves the rest to the direct sends."""
+        import secrets
+        import socket
+        token = secrets.token_hex(16)
+        ports: dict[str, int] = {}
+        for h in hosts:
+            ports[h] = int(self.sessions[h].ask({"op": "listen", "token": token, "timeout": 30})["port"])
+        first: socket.socket | None = None
+        try:  # the first hop over the hosts' network too, when this machine reaches it (as the ranks' traffic does)
+            first = socket.create_connection((hosts[0], ports[hosts[0]]), timeout=2)
+            first.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            first.sendall(token.encode() + b"\n")
+        except OSError:
+            first = None  # over SSH then
+
+        def hop(i: int) -> str:
+            h = hosts[i]
+            req: dict[str, Any] = {"op": "put", "blobs": batch}
+            if i + 1 < len(hosts):
+                req["forward"] = {"host": hosts[i + 1], "port": ports[hosts[i + 1]], "token": token}
+            if i == 0 and first is None:
+                out = self.sessions[h].ask(req, self._payload(batch, progress))
+            elif i == 0:
+                sender = threading.Thread(target=self._send_plain, args=(first, batch, progress), daemon=True)
+                sender.start()
+                out = self.sessions[h].ask(dict(req, relay=True))
+                sender.join()
+            else:
+                out = self.sessions[h].ask(dict(req, relay=True))
+            record(h, out, len(batch))
+            return "ok"
+
+        def safe(i: int) -> str:
+            try:
+                return hop(i)
+            except Exception as e:  # noqa: BLE001 - reported per host
+                if i + 1 < len(hosts):  # the next host may still wait for this one: release it at once
+                    try:
+                        socket.create_connection((hosts[i + 1], ports[hosts[i + 1]]), timeout=2).close()
+                    except OSError:
+                        pass
+                return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(len(hosts), thread_name_prefix="relay") as ex:  # every hop at once: a pipeline
+            out = dict(zip(hosts, ex.map(safe, range(len(hosts))), strict=True))
+        broken = {h: why for h, why in out.items() if why != "ok"}
+        if broken:
+            logger.warning("staging relay: %s; those hosts get the files from here",
+                           "; ".join(f"{h}: {w}" for h, w in broken.items()))
+            for h in broken:  # a session whose stream broke mid-put is out of step: open a fresh one
+                self.sessions[h].close()
+                self.sessions[h] = Session(self.pool.conns[h], str(self.ssh.python), self.workdir(h))
+        return out
 
     def close(self) -> None:
         for s in self.sessions.values():
