@@ -16,7 +16,7 @@ owner-only; staged files are read-only, 0400 or 0500 when executable):
 A cached blob counts as present only while its stamp matches the file (a write into it, even through a staged
 tree's hard link, changes mtime: it is re-sent and every tree linking it is rebuilt). Protocol: JSON request lines
 on stdin, one JSON reply line each on stdout; `put` is followed by the raw blob bytes, `get` is answered by raw
-bytes after its reply. Ops: hello, check, listen, put, build, list, get (see `Server`).
+bytes after its reply. Ops: hello, check, listen, put, build, list, get, exec (see `Server`).
 """
 
 import hashlib
@@ -41,6 +41,36 @@ def _bad_rel(rel):
     """A manifest path that could leave its root: absolute, `..`, empty parts."""
     parts = rel.split("/")
     return not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in rel
+
+
+def versions(names):
+    """{name: installed version or None}, from the `Version:` line of each package's .dist-info/METADATA on sys.path
+    (importlib.metadata costs ~30 ms of imports on every host and submit; this costs well under one)."""
+    want = {n.lower().replace("-", "_"): n for n in names}
+    out = dict.fromkeys(names)
+    for d in sys.path:
+        try:
+            entries = os.listdir(d or ".")
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.endswith(".dist-info"):
+                continue
+            key = entry[:-len(".dist-info")].rpartition("-")[0].lower().replace("-", "_").replace(".", "_")
+            name = want.get(key)
+            if name is None or out[name] is not None:
+                continue
+            try:
+                with open(os.path.join(d or ".", entry, "METADATA"), encoding="utf-8", errors="replace") as fh:
+                    for line in fh:
+                        if line.startswith("Version:"):
+                            out[name] = line.split(":", 1)[1].strip()
+                            break
+                        if not line.strip():
+                            break
+            except OSError:
+                pass
+    return out
 
 
 class Server:
@@ -85,29 +115,27 @@ class Server:
     # ------------------------------------------------------------------ ops
     def op_hello(self, req):
         """Facts the pre-flight needs: the real workdir, free disk, Python, the training stack's versions (read from
-        the installed metadata, nothing imported), and which of the given paths exist."""
-        from importlib import metadata
+        the installed metadata, nothing imported), which of the given paths exist; with `blobs`, also `check`."""
         _mkdirs(self.root)
-        versions = {}
-        for name in req.get("packages", []):
-            try:
-                versions[name] = metadata.version(name)
-            except Exception:  # noqa: BLE001 - not installed (or broken metadata)
-                versions[name] = None
         st = os.statvfs(self.root)
         paths = req.get("paths", [])
-        return {"workdir": self.root, "free": st.f_bavail * st.f_frsize, "python": sys.version.split()[0],
-                "versions": versions, "absent": [p for p in paths if not os.path.exists(os.path.expanduser(p))],
-                "home": os.path.expanduser("~")}
+        out = {"workdir": self.root, "free": st.f_bavail * st.f_frsize, "python": sys.version.split()[0],
+               "versions": versions(req.get("packages", [])), "home": os.path.expanduser("~"),
+               "absent": [p for p in paths if not os.path.exists(os.path.expanduser(p))]}
+        if "blobs" in req:
+            out.update(self.op_check(req))
+        return out
 
     def op_check(self, req):
-        """Which blobs must be sent: absent, wrong size, or changed since verified (corrupted) -> re-sent."""
+        """Which blobs must be sent (absent, wrong size, or changed since verified: corrupted -> re-sent) and which of
+        the given trees are not complete with the current blobs (`dirty`: `build` makes them)."""
         missing, seen = [], set()
         for sha, size in req["blobs"]:
             if sha not in seen and self.blob_ok(sha, size) is None:
                 missing.append(sha)
             seen.add(sha)
-        return {"missing": missing}
+        return {"missing": missing, "dirty": [th for th, entries in req.get("trees", {}).items()
+                                              if not self.tree_ok(th, entries)]}
 
     def op_listen(self, req):
         """Open a TCP port for a relayed `put` (host-to-host fan-out): the first line a peer sends must be `token`."""
@@ -289,6 +317,19 @@ class Server:
                     left -= len(data)
         self.wout.flush()
         return None
+
+    def op_exec(self, req):
+        """Become the node agent on this same channel (one remote start per host and submit): answer, print the
+        wrapper line the submitter reads the agent's wrapper pid from (`mark` + this pid), then exec `argv`."""
+        argv = req["argv"]
+        self.reply({"ok": True})
+        sys.stderr.flush()
+        os.write(1, ("%s%d\n" % (req["mark"], os.getpid())).encode())
+        try:
+            os.execvp(argv[0], argv)
+        except OSError as e:
+            os.write(1, ("cannot start %s: %s\n" % (argv[0], e.strerror)).encode())
+            os._exit(127)
 
     def serve(self):
         while True:

@@ -25,7 +25,8 @@ from orchestrator.core.schema import is_secret_name
 from orchestrator.errors import LaunchError, PreflightError, Problem
 from orchestrator.launchers.base import run_dir_logs, status_from_nodes
 from orchestrator.launchers.ssh.job import Node, SSHJob, copy_run_dir, node_at_host, rank_at_host
-from orchestrator.launchers.ssh.remote import await_probe, agent_shell, close_channel, teardown_command
+from orchestrator.launchers.ssh.remote import (WRAPPER_MARK, agent_shell, await_probe, close_channel,
+                                               teardown_command)
 from orchestrator.launchers.ssh.stage import agent_prefix
 from orchestrator.node.agent import MODULE, agent_argv
 from orchestrator.node.rundir import RunDir
@@ -106,7 +107,7 @@ class SSHLauncher:
                         problems.append(Problem(str(local.path(rel)), "missing in the local run dir"))
         return problems
 
-    def preflight(self, sub: Submission, local: RunDir, pool: Any = None):
+    def preflight(self, sub: Submission, local: RunDir, pool: Any = None, sessions: dict[str, Any] | None = None):
         """Connect to ALL hosts and start each one's agent in probe mode: it checks its host, reports, and waits.
         Any bad host: every agent is told to stand down (stdin EOF, nothing started anywhere) and PreflightError
         names each bad host. Returns (pool, {host: {"probe", "chan", "wrapper_pid", "rest"}})."""
@@ -124,8 +125,13 @@ class SSHLauncher:
             conn = pool.conns.get(host)
             if conn is None or not conn.alive:
                 conn = pool.connect(host)
-            chan = chans[host] = conn.open(agent_shell(by_host[host].argv), combine_stderr=True)
-            out = await_probe(chan, python, max(conn.timeout, 30.0))
+            initial = b""
+            if sessions and host in sessions:  # the host's staging session becomes its agent: one remote start
+                chan, initial = sessions.pop(host).exec(by_host[host].argv, WRAPPER_MARK)
+                chans[host] = chan
+            else:
+                chan = chans[host] = conn.open(agent_shell(by_host[host].argv), combine_stderr=True)
+            out = await_probe(chan, python, max(conn.timeout, 30.0), initial)
             if out.get("why"):
                 raise HostError(host, out["why"])
             if out["probe"]["problems"]:
@@ -143,6 +149,8 @@ class SSHLauncher:
         if problems:
             for chan in chans.values():
                 close_channel(chan)  # stdin EOF: every waiting agent exits without starting anything
+            for session in (sessions or {}).values():
+                session.close()
             pool.close()
             raise PreflightError(problems)
         return pool, results
@@ -156,10 +164,11 @@ class SSHLauncher:
         except ValueError as e:
             raise PreflightError(Problem("ssh.key", str(e))) from None
 
-    def stage(self, sub: Submission, local: RunDir, pool: Any) -> tuple[Submission, dict[str, Any]]:
+    def stage(self, sub: Submission, local: RunDir, pool: Any) -> tuple[Submission, dict[str, Any], dict[str, Any]]:
         """Hosts without a shared filesystem (docs/staging.md): the node package and the job's inputs into each
         host's cache (only what it lacks), the job's links, every host's facts checked first. Returns the
-        submission with each host's workdir bound (`~` resolved there) and what was staged."""
+        submission with each host's workdir bound (`~` resolved there), what was staged, and each host's open staging
+        session (the pre-flight turns it into the host's agent)."""
         from orchestrator.launchers.ssh import stage as st
         doc = local.read_json(st.STAGE_FILE)
         if not isinstance(doc, dict):
@@ -192,7 +201,6 @@ class SSHLauncher:
             logger.warning("staging %.1f MB to %d host(s) ...", total / 1e6, len(hosts))
         facts = stager.push(on_progress=lambda done, tot: logger.warning("staging: %.0f of %.0f MB", done / 1e6,
                                                                          tot / 1e6))
-        stager.close()
         nodes = []
         for n in sub.nodes:
             wd, real = sub.extra["workdirs"][n.node_rank], facts[n.host].workdir
@@ -209,18 +217,20 @@ class SSHLauncher:
                   "seconds": round(time.time() - t0, 3), "output_key": layout.output_key, "fetch": layout.fetch,
                   "output_local": layout.output_local}
         local.write_json("staged.json", report)
-        return replace(sub, nodes=tuple(nodes), extra=extra), report
+        return replace(sub, nodes=tuple(nodes), extra=extra), report, stager.sessions
 
     # ------------------------------------------------------------------ submit
     def submit(self, submission: Submission, run_dir: RunDir) -> SSHJob:
         sub, local = submission, run_dir
         t0 = time.time()
-        pool, staged = self.pool(), None
+        pool, staged, sessions = self.pool(), None, None
         try:
             if sub.extra.get("package") and not sub.extra["shared_fs"]:
-                sub, staged = self.stage(sub, local, pool)
-            pool, probes = self.preflight(sub, local, pool)
+                sub, staged, sessions = self.stage(sub, local, pool)
+            pool, probes = self.preflight(sub, local, pool, sessions)
         except BaseException:
+            for session in (sessions or {}).values():
+                session.close()
             pool.close()
             raise
         timeline = {"submitted": t0, "preflight_done": time.time()}  # connect + agents probing every host

@@ -44,18 +44,15 @@ def close_channel(chan: Any) -> None:
         pass
 
 
-def await_probe(chan: Any, python: str, timeout: float) -> dict[str, Any]:
+def await_probe(chan: Any, python: str, timeout: float, initial: bytes = b"") -> dict[str, Any]:
     """Read an agent's output up to its `ORCHESTRATE_PROBE {json}` line: {"probe", "wrapper_pid", "rest"}, or
-    {"why": one-line cause} when it ended (or went quiet) without one."""
+    {"why": one-line cause} when it ended (or went quiet) without one. `initial`: what was already read off the
+    channel (a staging session that became the agent)."""
     from orchestrator.node.probe import PROBE_MARK
     chan.settimeout(timeout)
-    buf, wrapper, seen = b"", None, []
+    buf, wrapper, seen = initial, None, []
     try:
         while True:
-            data = chan.recv(65536)
-            if not data:
-                break
-            buf += data
             while b"\n" in buf:
                 raw, buf = buf.split(b"\n", 1)
                 text = raw.decode(errors="replace").strip()
@@ -71,6 +68,10 @@ def await_probe(chan: Any, python: str, timeout: float) -> dict[str, Any]:
                         return {"why": f"pre-flight probe with {python!r} printed a malformed result: {text[:200]}"}
                 elif text:
                     seen.append(text)
+            data = chan.recv(65536)
+            if not data:
+                break
+            buf += data
     except socket.timeout:
         return {"why": f"no pre-flight answer from {python!r} within {timeout:.0f}s"}
     return {"why": probe_failure(python, chan.recv_exit_status(), "\n".join(seen + [buf.decode(errors="replace")]))}

@@ -400,16 +400,36 @@ class Session:
         self.host = conn.host
         self.chan = conn.open(remote_command([python, "-c", _server_source(), "serve", workdir]))
         self.chan.settimeout(None)
-        self.rfile = self.chan.makefile("rb")
+        self.buf = b""
         self.python = python
+
+    def _fill(self) -> bool:
+        data = self.chan.recv(CHUNK)
+        self.buf += data
+        return bool(data)
+
+    def readline(self) -> bytes:
+        while b"\n" not in self.buf:
+            if not self._fill():
+                line, self.buf = self.buf, b""
+                return line
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line + b"\n"
+
+    def exec(self, argv: tuple[str, ...], mark: str) -> tuple[Any, bytes]:
+        """Turn this session into the node agent (stagecache's `exec`): (the channel, what it already printed)."""
+        self.ask({"op": "exec", "argv": list(argv), "mark": mark})
+        self.chan.set_combine_stderr(True)
+        rest, self.buf = self.buf, b""
+        return self.chan, rest
 
     def ask(self, req: dict[str, Any], payload=None) -> dict[str, Any]:
         self.chan.sendall((json.dumps(req) + "\n").encode())
         if payload is not None:
             payload(self.chan)
-        line = self.rfile.readline()
+        line = self.readline()
         if not line:
-            err = self.chan.makefile_stderr("rb").read().decode(errors="replace").strip().splitlines()
+            err = self.chan.makefile_stderr("rb").read().decode(errors="replace").strip().splitlines()  # it ended
             rc = self.chan.recv_exit_status()
             why = err[-1] if err else f"exit {rc}"
             if rc == 127:
@@ -421,9 +441,10 @@ class Session:
         return out
 
     def read_exact(self, n: int) -> bytes:
-        data = self.rfile.read(n)
-        if len(data) != n:
-            raise RuntimeError("staging session ended inside a file")
+        while len(self.buf) < n:
+            if not self._fill():
+                raise RuntimeError("staging session ended inside a file")
+        data, self.buf = self.buf[:n], self.buf[n:]
         return data
 
     def close(self) -> None:
@@ -443,6 +464,7 @@ class HostStage:
     python: str = ""
     absent: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    dirty: list[str] = field(default_factory=list)  # trees to (re)build
     sent_bytes: int = 0
     sent_files: int = 0
     built: int = 0
@@ -460,6 +482,7 @@ class Stager:
         for t in trees:
             self.local.update(t.local)
         self.blobs = sorted({(e[1], e[2]) for t in trees for e in t.entries})
+        self.tree_entries = {t.sha: [list(e) for e in t.entries] for t in trees}
 
     def workdir(self, host: str) -> str:
         return str(self.ssh.workdir).replace("{host}", host)
@@ -475,11 +498,11 @@ class Stager:
             if conn is None or not conn.alive:
                 conn = self.pool.connect(host)
             s = self.sessions[host] = Session(conn, str(self.ssh.python), self.workdir(host))
-            facts = s.ask({"op": "hello", "packages": list(STACK), "paths": list(paths)})
-            hs = HostStage(workdir=facts["workdir"], free=int(facts["free"]), versions=facts["versions"],
-                           python=facts["python"], absent=list(facts["absent"]))
-            hs.missing = s.ask({"op": "check", "blobs": self.blobs})["missing"]
-            return hs
+            facts = s.ask({"op": "hello", "packages": list(STACK), "paths": list(paths), "blobs": self.blobs,
+                           "trees": self.tree_entries})
+            return HostStage(workdir=facts["workdir"], free=int(facts["free"]), versions=facts["versions"],
+                             python=facts["python"], absent=list(facts["absent"]), missing=facts["missing"],
+                             dirty=facts["dirty"])
 
         results = self.pool.map(one, hosts)
         problems: list[Problem] = []
@@ -554,9 +577,9 @@ class Stager:
         own network, each hop checked by sha256); where that chain breaks, the hosts still lacking something get
         it straight from the submitter."""
         sizes = dict(self.blobs)
-        trees = {t.sha: [list(e) for e in t.entries] for t in self.trees}
         lacking = [h for h, hs in self.hosts.items() if hs.missing]
         union = sorted({sha for h in lacking for sha in self.hosts[h].missing})
+        with_blobs = set(union)  # a tree holding one of these is built again where it is sent (a no-op if complete)
         relay = (bool(getattr(self.ssh, "stage_relay", True)) and len(lacking) >= RELAY_MIN_HOSTS
                  and sum(sizes[x] for x in union) >= RELAY_MIN_BYTES)
         total = sum(sizes[x] for x in union) if relay else sum(sizes[x] for h in lacking
@@ -586,6 +609,9 @@ class Stager:
             if hs.missing:
                 batch = [[sha, sizes[sha]] for sha in hs.missing]
                 record(host, s.ask({"op": "put", "blobs": batch}, self._payload(batch, progress)), len(batch))
+            # a tree is (re)built where it was not complete or one of its blobs was (re)sent
+            trees = {t.sha: self.tree_entries[t.sha] for t in self.trees
+                     if t.sha in hs.dirty or any(e[1] in with_blobs for e in t.entries)}
             hs.built = len(s.ask({"op": "build", "trees": trees, "links": self.links})["built"])
             return hs
 
