@@ -148,14 +148,30 @@ class Server:
         return {"port": self.listener.getsockname()[1]}
 
     def _relay_in(self):
-        conn, _ = self.listener.accept()
-        self.listener.close()
-        conn.settimeout(None)
-        rfile = conn.makefile("rb")
-        if rfile.readline().strip() != self.token.encode():
-            conn.close()
-            raise PermissionError("relay peer sent a wrong token")
-        return conn, rfile
+        """The peer that presents the token (a connection with another first line is dropped and the next awaited,
+        until the listen timeout); `abort <token>`: the previous host failed, give up at once."""
+        import socket
+        import time
+        deadline = time.monotonic() + self.listener.gettimeout()
+        try:
+            while True:
+                self.listener.settimeout(max(0.1, deadline - time.monotonic()))
+                conn, _ = self.listener.accept()
+                conn.settimeout(10)
+                rfile = conn.makefile("rb")
+                try:
+                    first = rfile.readline(200).strip()
+                except (OSError, socket.timeout):
+                    first = b""
+                if first == self.token.encode():
+                    conn.settimeout(None)
+                    return conn, rfile
+                rfile.close()  # (the file holds the socket open)
+                conn.close()
+                if first == b"abort " + self.token.encode():
+                    raise ConnectionAbortedError("relay aborted: the host before this one failed")
+        finally:
+            self.listener.close()
 
     @staticmethod
     def _relay_out(fwd):

@@ -426,7 +426,16 @@ class Session:
     def ask(self, req: dict[str, Any], payload=None) -> dict[str, Any]:
         self.chan.sendall((json.dumps(req) + "\n").encode())
         if payload is not None:
-            payload(self.chan)
+            try:
+                payload(self.chan)
+            except OSError as e:  # the host stopped reading: its own answer says why (a full disk, ...)
+                self.chan.settimeout(5)
+                try:
+                    line = self.readline()
+                except OSError:
+                    line = b""
+                why = json.loads(line).get("error") if line.startswith(b"{") else None
+                raise RuntimeError(why or f"sending failed: {e}") from None
         line = self.readline()
         if not line:
             err = self.chan.makefile_stderr("rb").read().decode(errors="replace").strip().splitlines()  # it ended
@@ -595,7 +604,8 @@ class Stager:
 
         def record(host: str, out: dict[str, Any], files: int) -> None:
             if out["bad"]:
-                raise RuntimeError(f"{len(out['bad'])} file(s) arrived corrupted; first {out['bad'][0][:12]}")
+                raise RuntimeError(f"{len(out['bad'])} file(s) arrived with another content than hashed here (changed "
+                                   f"while staging, or corrupted on the way); first {out['bad'][0][:12]}")
             hs = self.hosts[host]
             hs.sent_bytes, hs.sent_files = hs.sent_bytes + int(out["bytes"]), hs.sent_files + files
 
@@ -662,7 +672,8 @@ class Stager:
             except Exception as e:  # noqa: BLE001 - reported per host
                 if i + 1 < len(hosts):  # the next host may still wait for this one: release it at once
                     try:
-                        socket.create_connection((hosts[i + 1], ports[hosts[i + 1]]), timeout=2).close()
+                        with socket.create_connection((hosts[i + 1], ports[hosts[i + 1]]), timeout=2) as poke:
+                            poke.sendall(f"abort {token}\n".encode())
                     except OSError:
                         pass
                 return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
