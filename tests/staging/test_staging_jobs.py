@@ -77,9 +77,13 @@ def test_builtin_sft_trains_fetches_back_and_a_resubmit_moves_nothing(private_te
     assert mode == ["700", "400"], mode
 
     # the same job again: nothing unchanged crosses the wire; it resumes from the hosts' output dir and completes
+    # (and this time the whole output dir comes back: outputs.fetch=final)
     t0 = time.monotonic()
-    p2 = cli(*args, env={"ORCHESTRATE_HOME": home}, timeout=600)
+    p2 = cli(*args, "outputs.fetch=final", env={"ORCHESTRATE_HOME": home}, timeout=600)
     assert p2.returncode == 0, p2.stdout[-3000:] + p2.stderr[-3000:]
+    assert (out / "model.safetensors").is_file() and (out / "checkpoint-3" / "optimizer.pt").is_file()
+    assert _sha((out / "model.safetensors").read_bytes()) == _sha(host_read_bytes(
+        tb, tb.hosts[0], f"{WORK}/{staged['output_key']}/model.safetensors"))
     staged2 = json.loads((_run_dirs(home)[-1] / "staged.json").read_text())
     assert staged2["sent_bytes"] == 0 and all(h["sent_bytes"] == 0 for h in staged2["hosts"].values()), staged2
     assert staged2["hosts"][tb.hosts[0]]["trees_built"] == 0
@@ -127,6 +131,16 @@ def test_staging_off_and_a_missing_path_is_a_preflight_error_naming_host_and_pat
         assert f"{host}: {data}: not found on the host" in p.stderr, p.stderr
     assert took < 30, took
     assert runs() == before  # no run dir made, no node started
+
+
+def test_too_little_disk_on_the_hosts_is_refused_before_anything_starts(private_testbed, tmp_path):
+    tb = private_testbed
+    p = cli("submit", REPO / "recipes/configs/sft_tiny.yaml", "--nodes", "2", "--cluster",
+            _cluster(tmp_path, tb, min_free_gb=100000), env={"ORCHESTRATE_HOME": tmp_path / "home"}, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    for host in tb.hosts[:2]:
+        assert f"{host}: {WORK}: " in p.stderr and "GiB free, staging needs" in p.stderr, p.stderr
+        assert "ssh.min_free_gb = 100000 GiB" in p.stderr, p.stderr
 
 
 def test_a_package_version_differing_across_hosts_is_refused(private_testbed, tmp_path):

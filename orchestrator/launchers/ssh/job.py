@@ -53,6 +53,13 @@ class Node:
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
+    def prefix(self) -> tuple[str, ...]:
+        """What goes before the python of any agent command on this host (a staged node package's PYTHONPATH):
+        the words between `setsid -w` and the python of the agent's own argv."""
+        words = self.argv[2:] if self.argv[:2] == ("setsid", "-w") else self.argv
+        return tuple(words[:words.index("-m") - 1]) if "-m" in words else ()
+
+    @property
     def pgids(self) -> list[int]:
         return list(dict.fromkeys(self.agent.groups())) if self.agent else []
 
@@ -342,7 +349,7 @@ def teardown_node(job: SSHJob, node: Node, grace: float) -> None:
         t0 = time.monotonic()
         try:
             rc, out, err = conn.run(teardown_command(node.wrapper_pid, node.pgids, grace, job.python, node.run_dir,
-                                                     node.rank), timeout=2 * grace + 15)
+                                                     node.rank, node.prefix), timeout=2 * grace + 15)
             logger.debug("teardown %s node %d: rc %s %r %r in %.2fs", node.host, node.rank, rc, out, err[-300:],
                          time.monotonic() - t0)
         except Exception as e:  # noqa: BLE001 - the host went away meanwhile
@@ -396,8 +403,8 @@ def diagnose(job: SSHJob, python: str, timeout: float = 8.0) -> dict[int, int]:
         conn = job.pool.conns.get(node.host)
         if conn is None or not conn.alive:
             return
-        rc, out, _ = conn.run(remote_command(agent_argv(python, node.run_dir, node_rank=node.rank,
-                                                        action="diagnose")), timeout=timeout)
+        rc, out, _ = conn.run(remote_command(node.prefix + agent_argv(python, node.run_dir, node_rank=node.rank,
+                                                                      action="diagnose")), timeout=timeout)
         for line in out.decode(errors="replace").splitlines():
             try:
                 for g, info in json.loads(line).get("ranks", {}).items():

@@ -283,7 +283,8 @@ class SSHLauncher:
         logger.debug("submit timeline: %s", {k: round(v - t0, 3) for k, v in timeline.items()})
         job.handle = JobHandle(uri=f"ssh://{job.job_id}", data={
             "job_id": job.job_id, "timeline": timeline,
-            "nodes": [{"rank": n.rank, "host": n.host, "run_dir": n.run_dir, "wrapper_pid": n.wrapper_pid}
+            "nodes": [{"rank": n.rank, "host": n.host, "run_dir": n.run_dir, "wrapper_pid": n.wrapper_pid,
+                       "prefix": list(n.prefix)}
                       | ({"outputs": f"{n.host}:{job.outputs['workdirs'][n.rank]}/{job.outputs['key']}"}
                          if job.outputs else {}) for n in nodes]})
         return job
@@ -304,8 +305,8 @@ class SSHLauncher:
         from orchestrator.launchers.ssh.transport import remote_command
 
         def one(conn, n) -> list[dict]:
-            rc, out, err = conn.run(remote_command(agent_argv(self.ssh.python, n["run_dir"], node_rank=n["rank"],
-                                                              action="status")), timeout=30)
+            rc, out, err = conn.run(remote_command(tuple(n.get("prefix") or ()) + agent_argv(
+                self.ssh.python, n["run_dir"], node_rank=n["rank"], action="status")), timeout=30)
             return [json.loads(line) for line in out.decode(errors="replace").splitlines() if line.startswith("{")]
 
         rows, unreachable = [], {}
@@ -330,7 +331,7 @@ class SSHLauncher:
             except (OSError, ValueError):
                 pass
             conn.run(teardown_command(n.get("wrapper_pid"), sorted(set(pgids)), self.grace_s, self.ssh.python,
-                                      n["run_dir"], n["rank"]))
+                                      n["run_dir"], n["rank"], tuple(n.get("prefix") or ())))
         self._each_node(handle, one)
 
     def logs(self, handle: JobHandle, run_dir: RunDir, node: int | None = None) -> Iterator[str]:

@@ -119,13 +119,15 @@ if alive; then echo "left"; else echo "gone"; fi
 
 
 def teardown_command(wrapper_pid: int | None, pgids: list[int], grace_s: float, python: str | None = None,
-                     run_dir: str | None = None, rank: int | None = None) -> str:
+                     run_dir: str | None = None, rank: int | None = None, prefix: tuple[str, ...] = ()) -> str:
     """Kill the recorded groups; then (with python/run_dir) the agent's `--kill` reaps every process that
-    carries the launch's marker: torchrun starts ranks in sessions of their own, outside those groups."""
+    carries the launch's marker: torchrun starts ranks in sessions of their own, outside those groups. `prefix`: what
+    goes before python on a host running a staged node package (its PYTHONPATH)."""
     from orchestrator.launchers.ssh.transport import remote_command
     cmd = remote_command(["sh", "-c", TEARDOWN, "teardown", str(int(wrapper_pid or 0)), f"{grace_s:g}",
                           *[str(int(p)) for p in pgids if p and int(p) > 1]])
     if python and run_dir and rank is not None:
         from orchestrator.node.agent import agent_argv
-        cmd += " ; " + remote_command(agent_argv(python, run_dir, node_rank=rank, action="kill", grace=grace_s))
+        cmd += " ; " + remote_command(tuple(prefix) + agent_argv(python, run_dir, node_rank=rank, action="kill",
+                                                                 grace=grace_s))
     return cmd
