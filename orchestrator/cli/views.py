@@ -34,9 +34,10 @@ def sparkline(values: list[float], width: int = 24) -> str:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, Any]:
@@ -49,8 +50,9 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
     monitor = HealthMonitor(HealthSpec(**(plan.get("health") or {})), world, now)
     for rec in heartbeats:
         monitor.feed(rec, float(rec.get("t") or now))
-    handle_nodes = {n.get("rank"): n for n in ((_read_json(run_dir / "handle.json").get("data") or {}).get("nodes")
-                                               or []) if isinstance(n, dict)}
+    data = _read_json(run_dir / "handle.json").get("data")
+    listed = data.get("nodes") if isinstance(data, dict) else None  # (SSH: one entry per node; SLURM: a count)
+    handle_nodes = {n.get("rank"): n for n in (listed if isinstance(listed, list) else []) if isinstance(n, dict)}
     nodes = []
     for node in plan.get("node_plans") or []:
         r = node["node_rank"]

@@ -4,7 +4,8 @@ torchrun notices a dead worker on its own poll, then stops, prints its error tab
 measured here before the node's launch is gone, and the other nodes wait for that. `RankWatch` learns the
 pids of this node's ranks (the launch's marked processes with RANK set), holds a pidfd on each and wakes
 the moment one exits. Its exit status is read from /proc while it is a zombie (torchrun reaps on a 0.1 s
-poll, we are woken at once). A rank that exits non-zero before its last heartbeat says "end"/"preempted",
+poll, we are woken at once; while the rank still shows as exiting rather than a zombie, the read is retried for up
+to 0.2 s). A rank that exits non-zero before its last heartbeat says "end"/"preempted",
 or whose status is unknown and whose last heartbeat is some other event, died before finishing: `wait`
 returns a `RankDeath` and the agent ends the node at once. Everything else (status 0, a failing exit after
 "end"/"preempted", or unknown status with no heartbeat to judge by) is left to torchrun.
@@ -15,11 +16,12 @@ from __future__ import annotations
 import json
 import os
 import select
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.node.proctools import marked_ranks, zombie_exit_status
+from orchestrator.node.proctools import marked_ranks, state, zombie_exit_status
 
 DONE_EVENTS = ("end", "preempted")
 
@@ -81,6 +83,12 @@ class RankWatch:
 
     def _classify(self, rank: int, pid: int) -> RankDeath | None:
         status = zombie_exit_status(pid)
+        deadline = time.monotonic() + 0.2
+        while status is None and state(pid) not in (None, "Z") and time.monotonic() < deadline:
+            # woken while the rank is still exiting (a many-threaded process ends thread by thread): its wait
+            # status is readable once it shows as a zombie
+            time.sleep(0.002)
+            status = zombie_exit_status(pid)
         event = last_event(self.heartbeat_dir, rank)
         if status == 0 or (status is None and (event is None or event in DONE_EVENTS)):
             return None  # a clean end (or nothing to judge by): torchrun decides

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -77,6 +78,30 @@ def _prepared(backend: str, tmp: Path, request):
     return prep, out
 
 
+def inject_and_judge(fault: str, victim: int, job, rd: RunDir, job_guard, hosts: list[str], label: str, t0: float):
+    """Do `fault` to rank 1 (pid `victim`) of a running 2-node probe job and check the one supervisor's verdict:
+    the end state, the canonical root cause, how fast. Returns (result, seconds after the fault, agent tokens)."""
+    tokens = [job_guard.token(a.token) for a in rd.agents().values()]
+    if fault == "sigkill":
+        os.kill(victim, signal.SIGKILL)
+    elif fault == "sigstop":
+        os.kill(victim, signal.SIGSTOP)
+    t_fault = time.monotonic()
+    res = job.result(240)
+    took = time.monotonic() - t_fault
+    hosts = [a.host for a in rd.agents().values()] + list(hosts) + [socket.gethostname(), "localhost"]
+    state, code, text = EXPECTED[fault]
+    print(f"{label}: {res.state} {res.returncode} after {took:.1f}s (job {time.monotonic() - t0:.1f}s): "
+          f"{res.root_cause[:300]}")
+    assert (res.state, res.returncode) == (state, code), res
+    assert canonical(res.root_cause, hosts) == text, res.root_cause
+    if fault == "sigstop":
+        assert res.hung and took < STALL + 20, took
+    else:
+        assert took < 15, took
+    return res, took, tokens
+
+
 @pytest.mark.health
 @pytest.mark.parametrize("fault", sorted(EXPECTED))
 @pytest.mark.parametrize("backend", ["local", "ssh", "slurm"])
@@ -94,25 +119,8 @@ def test_same_fault_same_verdict_on_every_backend(backend, fault, tmp_path, requ
     job = jobrun.start(launcher, plan, rd.root)
     wait_until(lambda: (out / "pid1").exists() and rd.furthest_step() and rd.furthest_step() >= 3, 180, 0.1,
                f"{backend}: both ranks stepping")
-    victim = int((out / "pid1").read_text())
-    tokens = [job_guard.token(a.token) for a in rd.agents().values()]
-    if fault == "sigkill":
-        os.kill(victim, signal.SIGKILL)
-    elif fault == "sigstop":
-        os.kill(victim, signal.SIGSTOP)
-    t_fault = time.monotonic()
-    res = job.result(240)
-    took = time.monotonic() - t_fault
-    hosts = [a.host for a in rd.agents().values()] + [n.host for n in plan.node_plans] + ["localhost"]
-    state, code, text = EXPECTED[fault]
-    print(f"{backend}/{fault}: {res.state} {res.returncode} after {took:.1f}s (job {time.monotonic() - t0:.1f}s): "
-          f"{res.root_cause[:300]}")
-    assert (res.state, res.returncode) == (state, code), res
-    assert canonical(res.root_cause, hosts) == text, res.root_cause
-    if fault == "sigstop":
-        assert res.hung and took < STALL + 20, took
-    else:
-        assert took < 15, took
+    res, took, tokens = inject_and_judge(fault, int((out / "pid1").read_text()), job, rd, job_guard,
+                                         [n.host for n in plan.node_plans], f"{backend}/{fault}", t0)
     gone = wait_gone(lambda: [p for t in tokens if t for p in marked(t)], 20)
     print(f"{backend}/{fault}: every process of the job gone {gone:.2f}s after the verdict")
     roots = [rd.root] + ([Path(request.getfixturevalue("fault_sshd").dir) / "work"] if backend == "ssh" else [])

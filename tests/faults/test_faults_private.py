@@ -7,9 +7,6 @@ other backend, nothing left behind, everything owner-only, the stopped rank's st
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import sys
 import time
 
@@ -21,7 +18,7 @@ from helpers import wait_gone, wait_until
 from orchestrator import api
 from orchestrator.node.proctools import marked
 from orchestrator.node.rundir import RunDir
-from test_faults import EXPECTED, PROBE, REPO, STALL, canonical
+from test_faults import EXPECTED, PROBE, REPO, STALL, inject_and_judge
 
 sys.path.insert(0, str(REPO / "tests" / "staging"))
 from private_hosts import host_path, private_down, private_up
@@ -62,22 +59,8 @@ def test_same_fault_same_verdict_on_hosts_that_share_nothing(fault, fault_privat
     pid1 = host_path(tb, tb.hosts[1], f"{WORK}/{key}/pid1")
     wait_until(lambda: pid1.exists() and rd.furthest_step() and rd.furthest_step() >= 3, 180, 0.1,
                "both ranks stepping")
-    victim = int(pid1.read_text())
-    tokens = [job_guard.token(a.token) for a in rd.agents().values()]
-    if fault == "sigkill":
-        os.kill(victim, signal.SIGKILL)
-    elif fault == "sigstop":
-        os.kill(victim, signal.SIGSTOP)
-    t_fault = time.monotonic()
-    res = running.result(240)
-    took = time.monotonic() - t_fault
-    hosts = [a.host for a in rd.agents().values()] + list(tb.hosts) + [socket.gethostname(), "localhost"]
-    state, code, text = EXPECTED[fault]
-    print(f"private/{fault}: {res.state} {res.returncode} after {took:.1f}s (job {time.monotonic() - t0:.1f}s): "
-          f"{res.root_cause[:300]}")
-    assert (res.state, res.returncode) == (state, code), res
-    assert canonical(res.root_cause, hosts) == text, res.root_cause
-    assert took < (STALL + 20 if fault == "sigstop" else 15), took
+    res, took, tokens = inject_and_judge(fault, int(pid1.read_text()), running, rd, job_guard, list(tb.hosts),
+                                         f"private/{fault}", t0)
     gone = wait_gone(lambda: [p for t in tokens if t for p in marked(t)], 20)
     print(f"private/{fault}: every process of the job gone {gone:.2f}s after the verdict")
     for host in tb.hosts[:2]:  # everything orchestrate made on the host is owner-only

@@ -217,3 +217,24 @@ def test_the_node_package_is_the_installed_orchestrator_and_recipes(tmp_path):
     rels = {e[0] for e in t.entries}
     assert {"orchestrator/node/agent.py", "orchestrator/node/hooks/sitecustomize.py", "recipes/run.py"} <= rels
     assert not any("__pycache__" in r or r.endswith(".pyc") for r in rels)
+
+
+@pytest.mark.parametrize("handle", [{"uri": "slurm://7", "data": {"nodes": 2, "job_id": "7"}}, ["odd"],
+                                    {"uri": "ssh://j", "data": {"nodes": [
+                                        {"rank": 0, "host": "h0", "outputs": "h0:/w/outputs/k"}]}}])
+def test_status_reads_any_backends_handle_and_shows_where_outputs_are(tmp_path, handle):
+    """The SLURM handle's `nodes` is a count, the SSH one's a list with each node's outputs (host:path)."""
+    from orchestrator.cli.views import job_status, status_text
+    rd = tmp_path / "run"
+    (rd / "nodes" / "0").mkdir(parents=True)
+    (rd / "handle.json").write_text(json.dumps(handle))
+    (rd / "plan.json").write_text(json.dumps({"world_size": 1, "node_plans": [{"node_rank": 0, "ranks": [0],
+                                                                                "host": "h0"}]}))
+    (rd / "fetched.json").write_text(json.dumps({"files": 3, "bytes": 2_000_000, "errors": {}}))
+    rec = {"id": "j", "state": "COMPLETED", "backend": "ssh", "handle": "", "cluster": "c", "world_size": 1,
+           "run_dir": str(rd), "created": 0, "updated": 0}
+    st = job_status(rec)
+    text = status_text(st)
+    assert "fetched  3 file(s), 2.0 MB fetched back" in text
+    ssh = isinstance(handle, dict) and isinstance(handle["data"]["nodes"], list)
+    assert ("outputs  node 0: h0:/w/outputs/k" in text) == ssh, text
