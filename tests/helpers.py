@@ -382,3 +382,17 @@ class JobGuard:
                     if f:
                         f.close()
         return found
+
+
+# ------------------------------------------------------------------------------------------------ goldens
+
+def assert_golden(root: Path, files: dict[str, str]) -> None:
+    """`files` (rel path -> text) equal the golden directory `root`, file set and bytes; UPDATE_GOLDEN=1 rewrites it."""
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        for rel, text in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+    on_disk = {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
+    assert on_disk.keys() == files.keys(), "golden file set differs (UPDATE_GOLDEN=1 to rewrite)"
+    for rel, text in files.items():
+        assert on_disk[rel] == text, f"{root.name}/{rel} differs from golden (UPDATE_GOLDEN=1 to rewrite)"

@@ -19,6 +19,7 @@ from orchestrator.core.plan import PlanFacts, make_plan
 from orchestrator.core.render import render_files, summary
 from orchestrator.core.spec import parse_cluster, parse_recipe, read_yaml
 from orchestrator.errors import ConfigError
+from helpers import assert_golden
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -75,15 +76,7 @@ def build(name):
 def test_golden(name):
     plan, files = build(name)
     assert build(name)[1] == files  # deterministic
-    root = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        for rel, text in files.items():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_text(text)
-    on_disk = {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
-    assert on_disk.keys() == files.keys(), "golden file set differs (UPDATE_GOLDEN=1 to rewrite)"
-    for rel, text in files.items():
-        assert on_disk[rel] == text, f"{name}/{rel} differs from golden (UPDATE_GOLDEN=1 to rewrite)"
+    assert_golden(GOLDEN / name, files)
     assert LaunchPlan.from_json(plan.to_json()) == plan
 
 

@@ -4,7 +4,6 @@ and with the same profile blocks TRL ships under the same names. UPDATE_GOLDEN=1
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from orchestrator.api import PROFILE_DIR
 from orchestrator.core.plan import PlanFacts, make_plan
 from orchestrator.core.render import render_files, summary
 from orchestrator.core.spec import parse_cluster, parse_recipe
+from helpers import assert_golden
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 RECIPE = {"recipe": "sft", "model": {"name_or_path": "tiny-llama", "attn_implementation": "sdpa"},
@@ -56,15 +56,7 @@ def test_golden(name):
     assert build(name)[1] == render_files(plan, parse_recipe(  # deterministic: same input, same bytes
         dict(RECIPE, recipe=CASES[name][6], launch=dict(RECIPE["launch"], profile=CASES[name][0], nodes=CASES[name][2],
              procs_per_node=CASES[name][3], parallelism=CASES[name][5])), source=f"{name}.yaml").to_dict())
-    root = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        for rel, text in files.items():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_text(text)
-    on_disk = {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
-    assert on_disk.keys() == files.keys(), "golden file set differs (UPDATE_GOLDEN=1 to rewrite)"
-    for rel, text in files.items():
-        assert on_disk[rel] == text, f"{name}/{rel} differs from golden (UPDATE_GOLDEN=1 to rewrite)"
+    assert_golden(GOLDEN / name, files)
     assert "HF_TOKEN=***" in files["nodes/0/command.txt"]
 
 

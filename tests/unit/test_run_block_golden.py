@@ -4,7 +4,6 @@ them. Pure: fixed facts stand for the installed TRL (the subcommand's module and
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from orchestrator.api import PROFILE_DIR
 from orchestrator.core.plan import PlanFacts, make_plan
 from orchestrator.core.render import render_files, summary
 from orchestrator.core.spec import parse_cluster, parse_job
+from helpers import assert_golden
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 TRL = {"sft": {"module": "trl.scripts.sft", "config": "SFTConfig", "training": True, "options": None}}
@@ -59,15 +59,7 @@ def build(name):
 def test_golden(name):
     plan, files = build(name)
     assert build(name)[1] == files  # deterministic: same input, same bytes
-    root = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        for rel, text in files.items():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_text(text)
-    on_disk = {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file()}
-    assert on_disk.keys() == files.keys(), "golden file set differs (UPDATE_GOLDEN=1 to rewrite)"
-    for rel, text in files.items():
-        assert on_disk[rel] == text, f"{name}/{rel} differs from golden (UPDATE_GOLDEN=1 to rewrite)"
+    assert_golden(GOLDEN / name, files)
 
 
 def test_golden_commands_say_what_runs():
