@@ -56,7 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO / "tests" / "staging"))
+sys.path.insert(0, str(REPO / "tests"))
 
 import sshd_hosts  # noqa: E402
 from private_hosts import host_run  # noqa: E402

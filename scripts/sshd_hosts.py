@@ -20,7 +20,7 @@ each host's namespace (found by the host's tmpfs in /proc/PID/mountinfo), so the
     scripts/sshd_hosts.py down --dir /tmp/sshlab
     scripts/sshd_hosts.py down --stale-private [--port 2224]   # private hosts of a killed run (--dir gone)
 
-Python API (used by tests/ssh/conftest.py, tests/staging/conftest.py and bench/bench_ssh.py): `up(...) -> Testbed`,
+Python API (used by tests/ssh/conftest.py, tests/conftest.py and bench/bench_ssh.py): `up(...) -> Testbed`,
 `down(dir)`, `load(dir)`, `prerequisites() -> reason or None`, `host_pid(tb, host)`, `leftovers(tb)`.
 Needs root (sshd must switch users) and Debian's openssh-server (scripts/install_ssh_deps.sh);
 private hosts also need util-linux's unshare, nsenter and mount.
@@ -435,6 +435,26 @@ def host_pid(tb: Testbed, host: str) -> int:
     if pid is None or not _is_our_sshd(pid, hd / "sshd_config"):
         raise RuntimeError(f"sshd of {host} is not running (pid file {hd / 'sshd.pid'}: {pid})")
     return pid
+
+
+def restart(tb: Testbed, host: str, timeout: float = 10.0) -> None:
+    """Start `host`'s sshd again after it was killed (same config and host key). A private host gets a fresh mount
+    namespace and work area (its old one went with its last process). Updates tb.pids (and tb.mnt_ns)."""
+    hd = tb.host_dir(host)
+    (hd / "sshd.pid").unlink(missing_ok=True)
+    if tb.private:
+        _start_private(tb, host, WORK_AREA_SIZE)
+    else:
+        subprocess.run([SSHD, "-f", str(hd / "sshd_config"), "-E", str(hd / "sshd.log")], check=True,
+                       stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while not (_read_pid(hd / "sshd.pid") and _port_busy(host, tb.port)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"sshd of {host} did not come back: {(hd / 'sshd.log').read_text()[-500:]}")
+        time.sleep(0.05)
+    tb.pids[host] = _read_pid(hd / "sshd.pid")
+    if tb.private:
+        tb.mnt_ns[host] = os.readlink(f"/proc/{tb.pids[host]}/ns/mnt")
 
 
 def _members(tags: set[str] | list[str]) -> list[int]:

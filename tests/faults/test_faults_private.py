@@ -1,13 +1,12 @@
 """The fault suite on SSH hosts that share NOTHING with the submitter (issue #13): the same three faults as
 test_faults.py (a rank SIGKILLed, SIGSTOPped, calling sys.exit(3)), the probe shipped as your own code (`run:
 {script: fault_probe.py}`: staged with its repository, the node package shipped, no orchestrate on the hosts), on
-private mount-namespace sshd hosts (tests/staging/private_hosts.py). Same end state and root-cause text as on every
+private mount-namespace sshd hosts (tests/private_hosts.py). Same end state and root-cause text as on every
 other backend, nothing left behind, everything owner-only, the stopped rank's stack kept on its host."""
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import pytest
@@ -18,10 +17,8 @@ from helpers import wait_gone, wait_until
 from orchestrator import api
 from orchestrator.node.proctools import marked
 from orchestrator.node.rundir import RunDir
-from test_faults import EXPECTED, PROBE, REPO, STALL, inject_and_judge
-
-sys.path.insert(0, str(REPO / "tests" / "staging"))
 from private_hosts import host_path, private_down, private_up
+from test_faults import EXPECTED, PROBE, STALL, inject_and_judge
 
 WORK = "/var/tmp/orchestrate-host/work"
 

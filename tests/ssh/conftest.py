@@ -1,5 +1,11 @@
 """Fixtures of the SSH suite: real sshd hosts on loopback (scripts/sshd_hosts.py), clusters and run dirs.
 
+`testbed` is the shared-filesystem testbed (the hosts see the submitter's files and its interpreter). A test
+marked `fault` runs twice: on it and on a private testbed (`private_ssh_testbed`: hosts that share nothing with
+the submitter, orchestrate not installed there; the node package and the job are staged), ids `[shared]` /
+`[private]`. Helpers that look at a host's files (ssh_helpers.remote_run_dir) see each host's own
+view either way.
+
 The testbed needs root and Debian's openssh-server. Without them the tests skip with the reason,
 except under CI=true, where a missing prerequisite is a failure (the suite must not silently shrink).
 """
@@ -7,6 +13,7 @@ except under CI=true, where a missing prerequisite is a failure (the suite must 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import secrets
 import sys
@@ -21,6 +28,8 @@ import sshd_hosts  # noqa: E402
 BASE_IP = os.environ.get("ORCHESTRATE_TEST_SSH_BASE_IP", "127.0.10.2")
 PORT = int(os.environ.get("ORCHESTRATE_TEST_SSH_PORT", "2222"))
 N_HOSTS = 3  # 2 job nodes + 1 spare (bad-input tests)
+PRIVATE_BASE_IP = os.environ.get("ORCHESTRATE_TEST_SSH_PRIVATE_BASE_IP", "127.0.13.50")
+PRIVATE_PORT = int(os.environ.get("ORCHESTRATE_TEST_SSH_PRIVATE_PORT", "2232"))
 
 
 def pytest_collection_modifyitems(items):
@@ -36,8 +45,31 @@ def _unavailable(reason: str):
     pytest.skip(f"SSH testbed unavailable: {reason}")
 
 
+def pytest_generate_tests(metafunc):
+    if "testbed" in metafunc.fixturenames and metafunc.definition.get_closest_marker("fault"):
+        metafunc.parametrize("testbed", ["shared", "private"], indirect=True)
+
+
 @pytest.fixture(scope="session")
-def testbed(tmp_path_factory):
+def testbed(request):
+    """The shared-filesystem testbed, or (a `fault` test's [private] run) the private one."""
+    return request.getfixturevalue("private_ssh_testbed" if getattr(request, "param", "shared") == "private"
+                                   else "shared_testbed")
+
+
+@pytest.fixture(scope="session")
+def private_ssh_testbed(tmp_path_factory):
+    """3 hosts that share nothing with the submitter (tests/private_hosts.py), the SSH suite's own (127.0.13.50-52,
+    port 2232): tests/staging's private hosts stay as fresh as its tests expect."""
+    from private_hosts import private_down, private_up
+    tb = private_up(N_HOSTS, tmp_path_factory.mktemp("sshd_private_faults"), PRIVATE_BASE_IP, PRIVATE_PORT,
+                    hide=[tmp_path_factory.getbasetemp()])
+    yield tb
+    private_down(tb)
+
+
+@pytest.fixture(scope="session")
+def shared_testbed(tmp_path_factory):
     why = sshd_hosts.prerequisites()
     if why:
         _unavailable(why)
@@ -70,13 +102,21 @@ def job_id(tag: str) -> str:
 _BASE: dict = {}
 
 
-def _base_prepared(cluster):
-    """One real prepared SFT plan (cached): its accelerate configs / recipe are reused by trivial jobs."""
+def _base_prepared(testbed, tmp_dir: Path):
+    """One real prepared SFT plan per kind of testbed (cached): its accelerate configs / recipe are reused by trivial
+    jobs. On private hosts it is prepared for them: its node package (the agent is shipped, not installed there)
+    and its stage.json (what the job stages)."""
     from orchestrator import api
-    if "p" not in _BASE:
-        _BASE["p"] = api.prepare(str(REPO / "recipes/configs/sft_tiny.yaml"), None, nodes=1, check_trainer=False,
-                                 cwd=REPO)
-    return _BASE["p"]
+    key = "private" if testbed.private else "shared"
+    if key not in _BASE:
+        cluster = None
+        if testbed.private:
+            cluster = tmp_dir / "private-cluster.yaml"
+            cluster.write_text(json.dumps({"kind": "ssh", "name": "testlab", "accelerator": "cpu",
+                                           "network_interface": "lo", "ssh": testbed.ssh_block()}))
+        _BASE[key] = api.prepare(str(REPO / "recipes/configs/sft_tiny.yaml"), cluster and str(cluster), nodes=1,
+                                 check_trainer=False, cwd=REPO)
+    return _BASE[key]
 
 
 @pytest.fixture
@@ -89,7 +129,7 @@ def trivial_job(testbed, make_cluster, tmp_path):
 
     def make(commands, env=None, secret_env=(), hosts=None, tag="job", port=29500, nodes=None, **over):
         cluster = make_cluster(hosts=hosts, **over)
-        base = _base_prepared(cluster)
+        base = _base_prepared(testbed, tmp_path)
         jid = job_id(tag)
         local = tmp_path / "local" / jid
         n = nodes if nodes is not None else len(commands)
@@ -102,6 +142,8 @@ def trivial_job(testbed, make_cluster, tmp_path):
                                    world_size=n, main_host=node_hosts[0], port=port, run_dir=str(local),
                                    secret_env=tuple(secret_env), node_plans=nps)
         files = render_files(plan, base.recipe.to_dict())
+        if base.plan.node_package:  # private hosts: what the agent stages, from the base plan
+            files["stage.json"] = base.files["stage.json"]
         for rel, text in files.items():
             p = local / rel
             p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -12,6 +12,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def remote_run_dir(testbed, host: str, jid: str) -> Path:
+    """The run dir of job `jid` on `host`, as reachable from here: in the testbed dir (shared filesystem), or in the
+    host's own mount namespace through /proc/<its sshd>/root (private hosts)."""
+    if testbed.private:
+        from private_hosts import host_path
+        return host_path(testbed, host, f"{testbed.ssh_block()['workdir']}/runs/{jid}")
     return Path(testbed.dir) / "work" / host / "runs" / jid
 
 

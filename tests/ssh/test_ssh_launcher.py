@@ -149,6 +149,7 @@ def test_success_byte_exact_env_and_args_through_the_agent(testbed, trivial_job)
     assert oct((rd / "plan.json").stat().st_mode & 0o777) == oct(0o600)
 
 
+@pytest.mark.fault
 def test_fail_fast_names_failed_node_and_leaves_nothing(testbed, trivial_job):
     launcher, sub, _, plan = trivial_job({0: SLEEP, 1: ("sh", "-c", "echo about to fail; sleep 1; exit 3")},
                                          tag="ff")
@@ -163,6 +164,7 @@ def test_fail_fast_names_failed_node_and_leaves_nothing(testbed, trivial_job):
     assert time.monotonic() - t_done < 2
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("what", ["rank", "agent"])
 def test_sigkill_rank_or_agent_tears_everything_down(testbed, trivial_job, what, record_property):
     launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, tag=f"kill{what}")
@@ -185,6 +187,7 @@ def test_sigkill_rank_or_agent_tears_everything_down(testbed, trivial_job, what,
     assert gone < 5
 
 
+@pytest.mark.fault
 def test_sigstop_rank_then_cancel_kills_stopped_group(testbed, trivial_job):
     launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, tag="stop")
     job = jobrun.start(launcher, plan, submission=sub)
@@ -260,6 +263,7 @@ def _driver(testbed, trivial_job, tag):
     return proc, plan, _groups(testbed, plan)
 
 
+@pytest.mark.fault
 def test_sigkill_of_submitting_process_tears_down_remote_nodes(testbed, trivial_job, record_property):
     proc, plan, groups = _driver(testbed, trivial_job, "orchkill")
     assert live_members(groups)
@@ -276,6 +280,7 @@ def test_sigkill_of_submitting_process_tears_down_remote_nodes(testbed, trivial_
         assert "stdin EOF" in json.loads(ex.read_text())["stop_reason"]
 
 
+@pytest.mark.fault
 def test_ctrl_c_of_submitting_process_cancels_everything(testbed, trivial_job, record_property):
     proc, plan, groups = _driver(testbed, trivial_job, "sigint")
     t0 = time.monotonic()

@@ -51,6 +51,7 @@ def cut_off():
     restore()
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("phase", ["running", "start-up"])
 def test_unreachable_host_is_named_and_the_rest_torn_down_at_once(testbed, trivial_job, cut_off, phase, capfd):
     cmd = PRINTER if phase == "running" else ("sh", "-c", "sleep 600")  # start-up: no output, no step ever

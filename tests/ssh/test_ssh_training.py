@@ -107,6 +107,7 @@ def _wait_first_step(testbed, plan, timeout=60.0):
                what="training to reach its first step")
 
 
+@pytest.mark.fault
 def test_sigkill_rank_mid_training_fails_fast_with_root_cause(testbed, sft, record_property):
     launcher, sub, plan, local = sft(200)
     job = _submit(launcher, sub, local)
@@ -129,6 +130,7 @@ def test_sigkill_rank_mid_training_fails_fast_with_root_cause(testbed, sft, reco
     assert gone < 6
 
 
+@pytest.mark.fault
 @pytest.mark.health
 def test_sigstop_rank_mid_training_is_detected_as_hang(testbed, sft, record_property):
     """A stopped rank blocks its peer in a collective: no node fails. The health monitor on the submit host
@@ -191,11 +193,11 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
+@pytest.mark.fault
 def test_node_loses_sshd_and_agent_mid_training(testbed, sft, record_property):
     """Host 2's sshd (daemon and our session) and its node agent are SIGKILLed mid-training: the submit host
     loses the node (connection gone), tears the other node down; on host 2 nothing is left either (the launch
     gets SIGTERM from PR_SET_PDEATHSIG when its agent dies; torchrun stops its ranks). Then sshd is restarted."""
-    import subprocess
     import sshd_hosts
     launcher, sub, plan, local = sft(400)
     job = _submit(launcher, sub, local)
@@ -225,10 +227,4 @@ def test_node_loses_sshd_and_agent_mid_training(testbed, sft, record_property):
         assert res.state == "FAILED"
         assert f"node 1 ({host})" in res.root_cause, res.root_cause
     finally:  # bring host 2's sshd back for the rest of the session (same host key)
-        hd = Path(testbed.dir) / "hosts" / host
-        (hd / "sshd.pid").unlink(missing_ok=True)
-        subprocess.run([sshd_hosts.SSHD, "-f", str(hd / "sshd_config"), "-E", str(hd / "sshd.log")], check=True)
-        deadline = time.monotonic() + 10
-        while not sshd_hosts._port_busy(host, testbed.port) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        testbed.pids[host] = sshd_hosts._read_pid(hd / "sshd.pid")
+        sshd_hosts.restart(testbed, host)

@@ -1,5 +1,7 @@
-"""Plain helpers of the staging suite: look inside one private host's own view of the filesystem (its mount
-namespace), from the submit host, without SSH. Imported under a unique module name (see tests/ssh/ssh_helpers.py).
+"""Plain helpers of the suites that use private SSH hosts (tests/staging, the SSH suite's fault tests on
+private hosts, tests/faults/test_faults_private.py): look inside one private host's own view of the filesystem
+(its mount namespace), from the submit host, without SSH. Imported under a unique module name (see
+tests/ssh/ssh_helpers.py).
 
     host_run(testbed, host, ["sha256sum", path])      -> CompletedProcess (argv run via nsenter in the host's view)
     host_read_bytes(testbed, host, path)              -> bytes (FileNotFoundError if the host has no such file)
