@@ -190,9 +190,10 @@ def _stage_dir(tb, tmp_path, monkeypatch, n_bytes: int):
     from orchestrator.launchers.ssh import stage as st
     from orchestrator.launchers.ssh.transport import Pool
     src = tmp_path / "data"
-    src.mkdir()
-    for i in range(4):
-        (src / f"part{i}.bin").write_bytes(_os.urandom(n_bytes // 4))
+    if not src.exists():  # (a second call stages the same files again)
+        src.mkdir()
+        for i in range(4):
+            (src / f"part{i}.bin").write_bytes(_os.urandom(n_bytes // 4))
     cluster = parse_cluster({"kind": "ssh", "accelerator": "cpu", "ssh": tb.ssh_block(hosts=tb.hosts)}, source="<t>")
     tree = st.make_tree("data", src, st.list_root(src), st.HashCache(None))
     pool = Pool(cluster.ssh)
@@ -233,3 +234,19 @@ def test_a_broken_relay_hop_falls_back_to_direct_sends(private_testbed, tmp_path
     assert time.monotonic() - t0 < 20
     # every host holds every file (checked by _stage_dir); a blob written before a hop broke is not sent again
     assert all(f.sent_bytes <= tree.size for f in facts.values()), {h: f.sent_bytes for h, f in facts.items()}
+
+
+def test_a_corrupted_file_in_a_hosts_cache_is_detected_and_sent_again_over_ssh(private_testbed, tmp_path, monkeypatch):
+    """A staged file changed in place on one host (its blob, hence the tree's hard link to it): the next stage finds
+    it, sends exactly that file to exactly that host, and every host's tree is byte-right again (_stage_dir checks)."""
+    tb = private_testbed
+    _, tree, _ = _stage_dir(tb, tmp_path, monkeypatch, 64 << 10)
+    rel, sha, size, _mode = tree.entries[1]
+    victim = tb.hosts[1]
+    host_run(tb, victim, ["sh", "-c", 'printf X | dd of="$1" bs=1 seek=100 conv=notrunc 2>/dev/null', "sh",
+                          f"{WORK}/cache/blobs/{sha}"], check=True)
+    assert _sha(host_read_bytes(tb, victim, f"{WORK}/cache/trees/{tree.sha}/{rel}")) != sha  # the tree sees it too
+    s, tree2, facts = _stage_dir(tb, tmp_path, monkeypatch, 64 << 10)
+    assert tree2.sha == tree.sha
+    assert {h: f.sent_bytes for h, f in facts.items()} == {h: (size if h == victim else 0) for h in tb.hosts}
+    assert facts[victim].sent_files == 1
