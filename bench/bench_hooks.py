@@ -13,9 +13,15 @@
    records to a temporary dir) and without; train_runtime per run, and the heartbeat callback's self-timed cost.
 3. end-to-end, paired: tests/own_code/train_plain.py as separate processes (single rank, RANK=0), with the hooks
    directory on PYTHONPATH + ORCHESTRATE_HEARTBEAT_DIR vs without, alternating; its training-loop wall time.
+4. two ranks, paired blocks inside one run (what the issue's "< 1 %" is about): `orchestrate submit` of a user's HF
+   Trainer script (tests/faults/user_train.py, the tiny Llama) on 2 local nodes (gloo). A bench-only callback
+   switches the injected callbacks (heartbeat and save-on-signal, with its all-reduce agreements) off and on in
+   blocks of --rank-block steps, ABBA, the same steps on both ranks, after --rank-warmup steps; rank 0 times each
+   block. Per adjacent on/off pair the relative difference; median, mean and spread over --ranks runs. Once with
+   the default agreement interval (ORCHESTRATE_SIGNAL_CHECK_S=0.5) and once agreeing every step (=0, as before).
 
     .venv/bin/python bench/bench_hooks.py [--pairs 20] [--block 200] [--widths 64,2048] [--trainer 8]
-        [--trainer-steps 100] [--e2e 6] [--e2e-steps 2000]
+        [--trainer-steps 100] [--e2e 6] [--e2e-steps 2000] [--ranks 3] [--rank-blocks 16] [--rank-block 25]
 
 Writes bench/results/hooks.json.
 """
@@ -175,6 +181,95 @@ def end_to_end(runs: int, steps: int, width: int) -> dict:
             "paired_overhead_mean": round(statistics.mean(rel), 5)}
 
 
+TOGGLE = '''
+import json, os, runpy, sys, time
+from transformers import Trainer, TrainerCallback
+WARMUP, BLOCK, BLOCKS = (int(x) for x in os.environ["BENCH_TOGGLE"].split(","))
+EVENTS = ("on_step_end", "on_log")  # the injected callbacks' per-step work
+
+
+class Toggle(TrainerCallback):
+    """Blocks of BLOCK steps after WARMUP, ABBA (on off off on ...): the same steps on every rank."""
+    def __init__(self):
+        self.ours, self.marks, self.on = [], [], True
+
+    def on_train_begin(self, args, state, control, **kw):
+        self.ours = [cb for cb in self.handler.callbacks if getattr(cb, "orchestrate_role", None)]
+        assert len(self.ours) == 2, self.handler.callbacks
+
+    def _set(self, on):
+        for cb in self.ours:
+            for ev in EVENTS:
+                if on:
+                    cb.__dict__.pop(ev, None)
+                else:
+                    setattr(cb, ev, lambda *a, **k: None)
+        self.on = on
+
+    def on_step_end(self, args, state, control, **kw):
+        s = state.global_step
+        if s >= WARMUP and (s - WARMUP) % BLOCK == 0:
+            b = (s - WARMUP) // BLOCK  # block b starts after step s
+            self.marks.append((time.perf_counter(), self.on))
+            if b < BLOCKS:
+                self._set(b % 4 in (0, 3))
+            elif args.process_index == 0:
+                t = [m[0] for m in self.marks]
+                blocks = [[t[i + 1] - t[i], self.marks[i + 1][1]] for i in range(len(t) - 1)]
+                sys.stdout.write("TOGGLE_RESULT " + json.dumps(blocks) + "\\n")
+                sys.stdout.flush()
+                control.should_training_stop = True
+        return control
+
+
+_init = Trainer.__init__
+def init(self, *a, **k):
+    _init(self, *a, **k)
+    cb = Toggle()
+    cb.handler = self.callback_handler
+    self.add_callback(cb)
+Trainer.__init__ = init
+runpy.run_path(sys.argv.pop(1), run_name="__main__")
+'''
+
+
+def two_ranks(runs: int, blocks: int, block: int, warmup: int, check_s: str) -> dict:
+    """Section 4: [on, off] block pairs inside `runs` 2-rank runs (see the module docstring)."""
+    from recipes.tiny import resolve_model_path
+    model = resolve_model_path("tiny-llama")
+    rel, on_s, off_s = [], [], []
+    with tempfile.TemporaryDirectory() as d:
+        wrapper = Path(d) / "toggle.py"
+        wrapper.write_text(TOGGLE)
+        job = Path(d) / "job.yaml"
+        steps = warmup + block * blocks + 1
+        job.write_text(json.dumps({"run": {"script": str(wrapper), "args": [
+            str(REPO / "tests" / "faults" / "user_train.py"), model, str(REPO / "recipes" / "data" / "sft_tiny.jsonl"),
+            str(Path(d) / "out"), str(steps)], "env": {"BENCH_TOGGLE": f"{warmup},{block},{blocks}",
+                                                        "ORCHESTRATE_SIGNAL_CHECK_S": check_s}}}))
+        env = {**os.environ, "ORCHESTRATE_HOME": str(Path(d) / "home"), "HF_HUB_OFFLINE": "1",
+               "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        for _ in range(runs):
+            p = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(job), "--nodes", "2"],
+                               capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+            line = next((x for x in p.stdout.splitlines() if "TOGGLE_RESULT " in x), None)
+            assert p.returncode == 0 and line, p.stdout[-3000:] + p.stderr[-2000:]
+            got = json.loads(line.split("TOGGLE_RESULT ", 1)[1])
+            for i in range(0, len(got) - 1, 2):  # (on, off) or (off, on): adjacent blocks
+                (a, a_on), (b, _) = got[i], got[i + 1]
+                on, off = (a, b) if a_on else (b, a)
+                rel.append(on / off - 1.0)
+                on_s.append(on / block)
+                off_s.append(off / block)
+    return {"check_s": float(check_s), "runs": runs, "pairs": len(rel), "block": block, "warmup": warmup,
+            "step_ms_off": round(statistics.median(off_s) * 1e3, 3),
+            "step_ms_on": round(statistics.median(on_s) * 1e3, 3),
+            "paired_overhead_median": round(statistics.median(rel), 5),
+            "paired_overhead_mean": round(statistics.mean(rel), 5),
+            "paired_overhead_sem": round(statistics.stdev(rel) / len(rel) ** 0.5, 5),
+            "paired_overhead_range": [round(min(rel), 5), round(max(rel), 5)]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=20)
@@ -184,9 +279,17 @@ def main() -> int:
     ap.add_argument("--trainer-steps", type=int, default=100)
     ap.add_argument("--e2e", type=int, default=6, help="end-to-end pairs (0: skip)")
     ap.add_argument("--e2e-steps", type=int, default=2000)
+    ap.add_argument("--ranks", type=int, default=3, help="two-rank runs per agreement setting (0: skip)")
+    ap.add_argument("--rank-blocks", type=int, default=16)
+    ap.add_argument("--rank-block", type=int, default=25)
+    ap.add_argument("--rank-warmup", type=int, default=20)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "hooks.json"))
     a = ap.parse_args()
-    out = {"in_process": [], "trainer": None, "end_to_end": None}
+    out = {"in_process": [], "trainer": None, "end_to_end": None, "two_ranks": []}
+    for check_s in ("0.5", "0") if a.ranks else ():
+        r = two_ranks(a.ranks, a.rank_blocks, a.rank_block, a.rank_warmup, check_s)
+        print(json.dumps(r), flush=True)
+        out["two_ranks"].append(r)
     with tempfile.TemporaryDirectory() as d:
         for width in (int(w) for w in a.widths.split(",")):
             for flush_s in (0.0, 0.5):

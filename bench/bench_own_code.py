@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Own code, time to first step (issue #12; not CI): `orchestrate submit my_job.yaml --nodes 2` (local backend, with
 the zero-code hooks in the ranks) vs hand-run per-node `accelerate launch --config_file nodeR.yaml train.py ...`
-with the same rendered configs, interleaved, same run. The user script (tests/faults/user_train.py plus a callback
-of its own that prints when its first optimizer step ended) is the same for both.
+with the same rendered configs, interleaved (ABBA), same run. The user script (tests/faults/user_train.py plus a
+callback of its own that prints when its first optimizer step ended) is the same for both.
 
-    python bench/bench_own_code.py [--repeat 5] [--steps 4]
+    python bench/bench_own_code.py [--repeat 8] [--steps 4]
 
 Reports each side's median, the ratio of medians and the paired ratios' median and range (goal <= 1.0).
 Results: bench/results/own_code.json.
@@ -52,7 +52,7 @@ def first_step(text: str) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args()
     env = {**os.environ, **OFFLINE}
@@ -99,9 +99,9 @@ def main() -> int:
 
     ours(99)  # warm the caches (model, datasets, page cache) for both sides
     runs = {"ours": [], "anchor": []}
-    for i in range(args.repeat):  # interleaved: drift on the machine hits both alike
-        runs["anchor"].append(anchor(i))
-        runs["ours"].append(ours(i))
+    for i in range(args.repeat):  # interleaved, ABBA (which side goes first alternates): drift hits both alike
+        for side in (("anchor", "ours") if i % 2 == 0 else ("ours", "anchor")):
+            runs[side].append((anchor if side == "anchor" else ours)(i))
         print(f"run {i}: ours {runs['ours'][-1]:.2f}s anchor {runs['anchor'][-1]:.2f}s", flush=True)
     med = {k: statistics.median(v) for k, v in runs.items()}
     paired = sorted(o / a for o, a in zip(runs["ours"], runs["anchor"], strict=True))

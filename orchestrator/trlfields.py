@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import os
 import types
@@ -121,7 +122,9 @@ def _write(path: Path, payload: dict[str, Any]) -> None:
         raise
 
 
+@functools.lru_cache(maxsize=None)
 def _version(package: str) -> str | None:
+    """The installed version (importlib.metadata scans sys.path: ~40 ms; asked twice per plan, so kept)."""
     from importlib.metadata import PackageNotFoundError, version
     try:
         return version(package)

@@ -5,8 +5,9 @@
   heartbeat format: orchestrate_heartbeat.Writer). HeartbeatCallback: one JSON line per optimizer step (+ start/
   save_start/save/end/preempted events) appended to ORCHESTRATE_HEARTBEAT_DIR/rank<G>.jsonl with exactly the
   contract fields, written per event; a no-op when the variable is unset; it times itself (`overhead_s`) so the
-  cost is reported, not guessed. PreemptionCallback: SIGTERM / SIGUSR2 on any rank -> at the next step boundary
-  every rank agrees (one tiny all-reduce), saves a checkpoint and stops; the run then exits 128+signal.
+  cost is reported, not guessed. PreemptionCallback: SIGTERM / SIGUSR2 on any rank -> at the next agreement (one
+  tiny all-reduce about every 0.5 s of training, at the same steps on every rank) every rank stops, saves a
+  checkpoint; the run then exits 128+signal.
 - `TokenCounter`: wraps the data collator, counts non-pad tokens per batch (packing efficiency) and
   keeps a FIFO so the cumulative token count matches the steps actually taken.
 """

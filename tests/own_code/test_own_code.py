@@ -91,6 +91,19 @@ def test_hf_trainer_signal_saves_then_auto_resume(launch_user, tiny_model, tmp_p
         assert recs[1]["event"] == "start" and recs[1]["step"] == saved and recs[-1]["event"] == "end"
 
 
+def test_a_process_group_the_script_leaves_open_is_destroyed_at_exit(launch_user, tmp_path):
+    """torch sometimes aborts a finished rank at interpreter exit when its gloo group is still open (SIGABRT,
+    "terminate called without an active exception"): the hooks' atexit handler destroys it first. Without the
+    hooks (ORCHESTRATE_HOOKS=0) the group is still open after the atexit handlers."""
+    for hooks, open_after in (("1", False), ("0", True)):
+        run = launch_user("train_plain.py", ["5", "--leave-group-open"], tag=f"open{hooks}",
+                          env={"ORCHESTRATE_HEARTBEAT_DIR": tmp_path / f"hb{hooks}", "ORCHESTRATE_HOOKS": hooks})
+        assert run.wait(timeout=300) == 0 or not open_after, run.output[-3000:]
+        results = _result(run.output, "PLAIN_RESULT ")
+        assert sorted(r["rank"] for r in results) == [0, 1], run.output[-3000:]
+        assert all(r["group_open_after_exit"] is open_after for r in results), results
+
+
 def test_plain_torch_loop_gets_one_record_per_optimizer_step(launch_user, tmp_path):
     hb = tmp_path / "hb"
     run = launch_user("train_plain.py", ["30", "--two-optimizers"], env={"ORCHESTRATE_HEARTBEAT_DIR": hb})
