@@ -17,11 +17,12 @@
    Trainer script (tests/faults/user_train.py, the tiny Llama) on 2 local nodes (gloo). A bench-only callback
    switches the injected callbacks (heartbeat and save-on-signal, with its all-reduce agreements) off and on in
    blocks of --rank-block steps, ABBA, the same steps on both ranks, after --rank-warmup steps; rank 0 times each
-   block. Per adjacent on/off pair the relative difference; median, mean and spread over --ranks runs. Once with
-   the default agreement interval (ORCHESTRATE_SIGNAL_CHECK_S=0.5) and once agreeing every step (=0, as before).
+   block and the time spent inside the injected callbacks (self-timed). Per adjacent on/off pair the relative
+   difference; median, mean, standard error and spread over --ranks runs. Once with the default agreement interval
+   (ORCHESTRATE_SIGNAL_CHECK_S=0.5) and once agreeing every step (=0, as before).
 
     .venv/bin/python bench/bench_hooks.py [--pairs 20] [--block 200] [--widths 64,2048] [--trainer 8]
-        [--trainer-steps 100] [--e2e 6] [--e2e-steps 2000] [--ranks 3] [--rank-blocks 16] [--rank-block 25]
+        [--trainer-steps 100] [--e2e 6] [--e2e-steps 2000] [--ranks 4] [--rank-blocks 48] [--rank-block 20]
 
 Writes bench/results/hooks.json.
 """
@@ -191,34 +192,46 @@ EVENTS = ("on_step_end", "on_log")  # the injected callbacks' per-step work
 class Toggle(TrainerCallback):
     """Blocks of BLOCK steps after WARMUP, ABBA (on off off on ...): the same steps on every rank."""
     def __init__(self):
-        self.ours, self.marks, self.on = [], [], True
+        self.ours, self.marks, self.on, self.inside, self.by_role = [], [], True, 0.0, {}
 
     def on_train_begin(self, args, state, control, **kw):
         self.ours = [cb for cb in self.handler.callbacks if getattr(cb, "orchestrate_role", None)]
         assert len(self.ours) == 2, self.handler.callbacks
 
+    def _timed(self, method, role):
+        def run(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return method(*a, **k)
+            finally:
+                took = time.perf_counter() - t0
+                self.inside += took
+                self.by_role[role] = self.by_role.get(role, 0.0) + took
+        return run
+
     def _set(self, on):
         for cb in self.ours:
-            for ev in EVENTS:
-                if on:
-                    cb.__dict__.pop(ev, None)
-                else:
-                    setattr(cb, ev, lambda *a, **k: None)
+            for ev in EVENTS:  # on: the callback's own method, timed; off: nothing
+                setattr(cb, ev, self._timed(getattr(type(cb), ev).__get__(cb), cb.orchestrate_role) if on else
+                        lambda *a, **k: None)
         self.on = on
 
     def on_step_end(self, args, state, control, **kw):
         s = state.global_step
         if s >= WARMUP and (s - WARMUP) % BLOCK == 0:
             b = (s - WARMUP) // BLOCK  # block b starts after step s
-            self.marks.append((time.perf_counter(), self.on))
+            self.marks.append((time.perf_counter(), self.on, self.inside))
             if b < BLOCKS:
                 self._set(b % 4 in (0, 3))
-            elif args.process_index == 0:
-                t = [m[0] for m in self.marks]
-                blocks = [[t[i + 1] - t[i], self.marks[i + 1][1]] for i in range(len(t) - 1)]
-                sys.stdout.write("TOGGLE_RESULT " + json.dumps(blocks) + "\\n")
-                sys.stdout.flush()
+            else:  # every rank stops here
                 control.should_training_stop = True
+                if args.process_index == 0:
+                    t = [m[0] for m in self.marks]
+                    blocks = [[t[i + 1] - t[i], self.marks[i + 1][1], self.marks[i + 1][2] - self.marks[i][2]]
+                              for i in range(len(t) - 1)]  # [seconds, on, seconds inside our callbacks]
+                    sys.stdout.write("TOGGLE_RESULT " + json.dumps(blocks) + "\\n")
+                    sys.stdout.write("TOGGLE_ROLES " + json.dumps(self.by_role) + "\\n")
+                    sys.stdout.flush()
         return control
 
 
@@ -237,7 +250,7 @@ def two_ranks(runs: int, blocks: int, block: int, warmup: int, check_s: str) -> 
     """Section 4: [on, off] block pairs inside `runs` 2-rank runs (see the module docstring)."""
     from recipes.tiny import resolve_model_path
     model = resolve_model_path("tiny-llama")
-    rel, on_s, off_s = [], [], []
+    rel, on_s, off_s, inside, by_role = [], [], [], [], {}
     with tempfile.TemporaryDirectory() as d:
         wrapper = Path(d) / "toggle.py"
         wrapper.write_text(TOGGLE)
@@ -245,19 +258,27 @@ def two_ranks(runs: int, blocks: int, block: int, warmup: int, check_s: str) -> 
         steps = warmup + block * blocks + 1
         job.write_text(json.dumps({"run": {"script": str(wrapper), "args": [
             str(REPO / "tests" / "faults" / "user_train.py"), model, str(REPO / "recipes" / "data" / "sft_tiny.jsonl"),
-            str(Path(d) / "out"), str(steps)], "env": {"BENCH_TOGGLE": f"{warmup},{block},{blocks}",
-                                                        "ORCHESTRATE_SIGNAL_CHECK_S": check_s}}}))
+            str(Path(d) / "out"), str(steps)]},
+            "launch": {"env": {"BENCH_TOGGLE": f"{warmup},{block},{blocks}", "ORCHESTRATE_SIGNAL_CHECK_S": check_s}}}))
         env = {**os.environ, "ORCHESTRATE_HOME": str(Path(d) / "home"), "HF_HUB_OFFLINE": "1",
                "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         for _ in range(runs):
             p = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(job), "--nodes", "2"],
                                capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
             line = next((x for x in p.stdout.splitlines() if "TOGGLE_RESULT " in x), None)
-            assert p.returncode == 0 and line, p.stdout[-3000:] + p.stderr[-2000:]
+            if p.returncode != 0 or not line:
+                (Path(tempfile.gettempdir()) / "bench_hooks_two_ranks.log").write_text(p.stdout + p.stderr)
+                raise SystemExit(f"two-rank run failed (rc {p.returncode}): {p.stdout.splitlines()[-1:]} (whole "
+                                 f"output: {tempfile.gettempdir()}/bench_hooks_two_ranks.log)")
             got = json.loads(line.split("TOGGLE_RESULT ", 1)[1])
+            roles = json.loads(next(x for x in p.stdout.splitlines() if "TOGGLE_ROLES " in x).split("TOGGLE_ROLES ")[1])
+            on_total = sum(b[0] for b in got if b[1])
+            for role, s in roles.items():
+                by_role.setdefault(role, []).append(s / on_total)
             for i in range(0, len(got) - 1, 2):  # (on, off) or (off, on): adjacent blocks
-                (a, a_on), (b, _) = got[i], got[i + 1]
+                (a, a_on, a_in), (b, _, b_in) = got[i], got[i + 1]
                 on, off = (a, b) if a_on else (b, a)
+                inside.append((a_in if a_on else b_in) / on)
                 rel.append(on / off - 1.0)
                 on_s.append(on / block)
                 off_s.append(off / block)
@@ -267,7 +288,9 @@ def two_ranks(runs: int, blocks: int, block: int, warmup: int, check_s: str) -> 
             "paired_overhead_median": round(statistics.median(rel), 5),
             "paired_overhead_mean": round(statistics.mean(rel), 5),
             "paired_overhead_sem": round(statistics.stdev(rel) / len(rel) ** 0.5, 5),
-            "paired_overhead_range": [round(min(rel), 5), round(max(rel), 5)]}
+            "paired_overhead_range": [round(min(rel), 5), round(max(rel), 5)],
+            "self_timed_frac_median": round(statistics.median(inside), 6),
+            "self_timed_frac_by_callback": {k: round(statistics.median(v), 6) for k, v in by_role.items()}}
 
 
 def main() -> int:
@@ -279,9 +302,9 @@ def main() -> int:
     ap.add_argument("--trainer-steps", type=int, default=100)
     ap.add_argument("--e2e", type=int, default=6, help="end-to-end pairs (0: skip)")
     ap.add_argument("--e2e-steps", type=int, default=2000)
-    ap.add_argument("--ranks", type=int, default=3, help="two-rank runs per agreement setting (0: skip)")
-    ap.add_argument("--rank-blocks", type=int, default=16)
-    ap.add_argument("--rank-block", type=int, default=25)
+    ap.add_argument("--ranks", type=int, default=4, help="two-rank runs per agreement setting (0: skip)")
+    ap.add_argument("--rank-blocks", type=int, default=48)
+    ap.add_argument("--rank-block", type=int, default=20)
     ap.add_argument("--rank-warmup", type=int, default=20)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "hooks.json"))
     a = ap.parse_args()
@@ -291,7 +314,7 @@ def main() -> int:
         print(json.dumps(r), flush=True)
         out["two_ranks"].append(r)
     with tempfile.TemporaryDirectory() as d:
-        for width in (int(w) for w in a.widths.split(",")):
+        for width in (int(w) for w in a.widths.split(",") if w):  # --widths "": skip section 1
             for flush_s in (0.0, 0.5):
                 r = in_process(width, a.pairs, a.block, flush_s, os.path.join(d, f"w{width}_f{flush_s}"))
                 print(json.dumps(r), flush=True)

@@ -97,6 +97,10 @@ def main() -> int:
         assert all(p.returncode == 0 for p in procs), outs[0][-2000:]
         return first_step(outs[0]) - t0
 
+    # as installed by pip (which byte-compiles): orchestrate's own modules load from .pyc in the CLI, the node agents
+    # and the ranks' hooks, whatever PYTHONDONTWRITEBYTECODE says (the user's script is compiled alike on both sides)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "orchestrator"), str(REPO / "recipes")],
+                   check=True)
     ours(99)  # warm the caches (model, datasets, page cache) for both sides
     runs = {"ours": [], "anchor": []}
     for i in range(args.repeat):  # interleaved, ABBA (which side goes first alternates): drift hits both alike
