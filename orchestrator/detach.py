@@ -42,7 +42,8 @@ def record_self(job: str) -> None:
     from orchestrator.store import home
     d = home() / "supervisors"
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (d / f"{job}.pid").write_text(str(os.getpid()))
+    from orchestrator.node.proctools import process_start_time
+    (d / f"{job}.pid").write_text(f"{os.getpid()} {process_start_time() or 0:.3f}\n")  # pid and when it started
 
 
 def forget_self(job: str) -> None:
@@ -50,17 +51,20 @@ def forget_self(job: str) -> None:
     from orchestrator.store import home
     try:
         path = home() / "supervisors" / f"{job}.pid"
-        if path.read_text().strip() == str(os.getpid()):
+        if path.read_text().split()[0] == str(os.getpid()):
             path.unlink()
     except (OSError, ValueError):
         pass
 
 
 def live_supervisor(job: str) -> int | None:
-    from orchestrator.node.proctools import alive
+    """The pid of the job's supervisor while it runs; None when none does (its pid file names a process that ended,
+    or a later, unrelated process that got the same pid: the recorded start time tells them apart)."""
+    from orchestrator.node.proctools import same_process
     from orchestrator.store import home
     try:
-        pid = int((home() / "supervisors" / f"{job}.pid").read_text())
-    except (OSError, ValueError):
+        words = (home() / "supervisors" / f"{job}.pid").read_text().split()
+        pid, start = int(words[0]), (float(words[1]) if len(words) > 1 and float(words[1]) > 0 else None)
+    except (OSError, ValueError, IndexError):
         return None
-    return pid if pid != os.getpid() and alive(pid) else None
+    return pid if pid != os.getpid() and same_process(pid, start) else None

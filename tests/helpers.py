@@ -240,8 +240,8 @@ def kill_tree(p: subprocess.Popen | int, sig: int = signal.SIGKILL) -> None:
 
 def supervisor_pid(home: Path | str, job: str) -> int | None:
     try:
-        return int((Path(home) / "supervisors" / f"{job}.pid").read_text())
-    except (OSError, ValueError):
+        return int((Path(home) / "supervisors" / f"{job}.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
         return None
 
 

@@ -221,7 +221,7 @@ class Agent:
         self.rd.write_agent(AgentRecord(
             node_rank=self.rank, host=socket.gethostname(), agent_pid=os.getpid(), agent_pgid=os.getpgrp(),
             pid=self.proc.pid, pgid=self.proc.pid, main_ip=self.main_ip, started=time.time(),
-            agent_proc_start=process_start_time(), token=self.token))
+            agent_proc_start=process_start_time(), proc_start=process_start_time(self.proc.pid), token=self.token))
         if self.stopping.is_set():  # a signal raced the start
             self.stopping.clear()
             self.stop(self.stop_reason or "stopped during start")

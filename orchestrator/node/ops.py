@@ -12,7 +12,7 @@ import os
 import signal
 from pathlib import Path
 
-from orchestrator.node.proctools import alive, kill_marked, marked_ranks, signal_group, signal_pids, state
+from orchestrator.node.proctools import kill_marked, marked_ranks, same_process, signal_group, signal_pids, state
 from orchestrator.node.rundir import AgentRecord, RunDir
 
 
@@ -71,7 +71,7 @@ def nccl_dump(rd: RunDir, ranks) -> list[int]:
 def kill_node(run_dir: RunDir | Path, rank: int | None, grace: float) -> int:
     """Tear down what a node agent started, from the outside (the agent itself may be dead)."""
     for _, info in recorded_agents(run_dir, rank):
-        if info.agent_pid > 1 and alive(info.agent_pid):
+        if info.agent_pid > 1 and same_process(info.agent_pid, info.agent_proc_start):
             signal_pids([info.agent_pid], signal.SIGTERM)
         if info.token:
             kill_marked(info.token, grace=grace)
@@ -111,6 +111,6 @@ def node_status(run_dir: RunDir | Path, rank: int | None) -> list[dict]:
     for r in ranks:
         ag, ex = rd.agent(r), rd.exit(r)
         out.append({"node_rank": r, "host": ag.host if ag else "", "recorded": ag is not None,
-                    "agent_alive": bool(ag and ag.agent_pid > 1 and alive(ag.agent_pid)),
+                    "agent_alive": bool(ag and ag.agent_pid > 1 and same_process(ag.agent_pid, ag.agent_proc_start)),
                     "exit": asdict(ex) if ex else None})
     return out

@@ -90,6 +90,27 @@ def process_start_time(pid: int | str = "self") -> float | None:
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
+def same_process(pid: int, start: float | None, tolerance: float = 1.0) -> bool:
+    """`pid` runs and is the process that started at `start` (a process_start_time() taken while it ran; None: not
+    recorded, running decides). A recorded pid whose process has ended may since belong to an unrelated process:
+    signalling it would hit that one."""
+    if not alive(pid):
+        return False
+    if start is None:
+        return True
+    now = process_start_time(pid)
+    return now is not None and abs(now - float(start)) <= tolerance
+
+
+def group_is_ours(pgid: int, leader_start: float | None) -> bool:
+    """Whether the process group `pgid` is still the one whose leader started at `leader_start`. While any process
+    is in a group its id cannot be handed out again, so a group without a living leader is still ours; a living
+    process with pid == pgid that started at another time means the id was reused (ours ended, leader and all)."""
+    if leader_start is None or _stat(pgid) is None:
+        return True
+    return same_process(pgid, leader_start) or (_stat(pgid) or ("", 0))[0] in ("Z", "X")
+
+
 def zombie_exit_status(pid: int) -> int | None:
     """The exit status of a process that has exited but is not reaped yet (a zombie), as subprocess reports it
     (-N killed by signal N, else the exit code); None when it is running or already reaped. /proc/PID/stat field

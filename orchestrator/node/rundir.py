@@ -60,10 +60,16 @@ class AgentRecord:
     main_ip: str = ""
     started: float = 0.0
     agent_proc_start: float | None = None
+    proc_start: float | None = None  # when the launch process started (its group's leader): pid reuse is told apart
     token: str = ""  # ORCHESTRATE_JOB_TOKEN of every process of the launch (ranks live in sessions of their own)
 
     def groups(self) -> list[int]:
-        return [g for g in (self.pgid, self.agent_pgid) if isinstance(g, int) and g > 1]
+        """The launch's and the agent's process groups, leaving out one whose id now belongs to an unrelated group
+        (its leader ended and the id was handed out again: proctools.group_is_ours)."""
+        from orchestrator.node.proctools import group_is_ours
+        starts = {self.pgid: self.proc_start, self.agent_pgid: self.agent_proc_start if
+                  self.agent_pgid == self.agent_pid else None}
+        return [g for g in (self.pgid, self.agent_pgid) if isinstance(g, int) and g > 1 and group_is_ours(g, starts[g])]
 
 
 @dataclass(frozen=True)
