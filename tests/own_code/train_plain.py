@@ -1,10 +1,8 @@
 """A user's own plain torch.distributed training loop (gloo, DDP, its own optimizer, no Trainer): it knows
 nothing of orchestrate. With `--beat` it also calls the opt-in one-line heartbeat (only if it is on the path).
 
-usage: train_plain.py STEPS [--beat] [--sleep S] [--two-optimizers] [--width W] [--leave-group-open]
-Prints `PLAIN_RESULT {json}` from every rank at the end (loop_s: wall time of the training loop). With
-`--leave-group-open` it does not destroy its process group; it runs the atexit handlers itself at the end and says
-whether the group is still open after them (`group_open_after_exit`).
+usage: train_plain.py STEPS [--beat] [--sleep S] [--two-optimizers] [--width W]
+Prints `PLAIN_RESULT {json}` from every rank at the end (loop_s: wall time of the training loop).
 """
 
 import json
@@ -49,19 +47,14 @@ def main() -> None:
         if sleep:
             time.sleep(sleep)
     loop_s = time.perf_counter() - t0
-    extra_out = {}
-    if distributed and "--leave-group-open" in sys.argv:
-        import atexit
-        atexit._run_exitfuncs()  # what the interpreter runs at exit, before finalization
-        extra_out["group_open_after_exit"] = dist.is_initialized()
-    elif distributed:
+    if distributed:
         dist.barrier()
         dist.destroy_process_group()
     loaded = sorted(m for m in sys.modules if m.startswith("orchestrat"))  # what the hooks brought in
     # one write per line: ranks share the launcher's stdout and run unbuffered, where print() writes the text and
     # the newline separately, so two ranks' lines could interleave
     sys.stdout.write("PLAIN_RESULT " + json.dumps({"rank": int(os.environ.get("RANK", "0")), "steps": steps,
-                                                   "modules": loaded, "loop_s": loop_s, **extra_out}) + "\n")
+                                                   "modules": loaded, "loop_s": loop_s}) + "\n")
     sys.stdout.flush()
 
 
