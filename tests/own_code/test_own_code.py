@@ -91,22 +91,6 @@ def test_hf_trainer_signal_saves_then_auto_resume(launch_user, tiny_model, tmp_p
         assert recs[1]["event"] == "start" and recs[1]["step"] == saved and recs[-1]["event"] == "end"
 
 
-def test_a_trainer_scripts_open_process_group_is_destroyed_at_exit(launch_user, tiny_model, tmp_path):
-    """torch sometimes aborts a finished rank at interpreter exit when its gloo group is still open (SIGABRT,
-    "terminate called without an active exception"); HF Trainer scripts leave it open. After a train() that ended
-    well, the hooks' atexit handler destroys it first. Without the hooks (ORCHESTRATE_HOOKS=0) it is still open after
-    the atexit handlers. (A rank exiting with an error keeps it until it is gone: tests/launchers name that rank.)"""
-    for hooks, still_open in (("1", False), ("0", True)):
-        run = launch_user("train_hf.py", [tiny_model, str(DATA), str(tmp_path / f"out{hooks}"), "2",
-                                          "--check-group-at-exit"], tag=f"open{hooks}",
-                          env={"ORCHESTRATE_HEARTBEAT_DIR": tmp_path / f"hb{hooks}", "ORCHESTRATE_HOOKS": hooks})
-        rc = run.wait(timeout=300)
-        seen = _result(run.output, "GROUP_AT_EXIT ")
-        assert sorted(r["rank"] for r in seen) == [0, 1], run.output[-3000:]
-        assert all(r["open"] is still_open for r in seen), seen
-        assert rc == 0 or still_open, run.output[-3000:]
-
-
 def test_plain_torch_loop_gets_one_record_per_optimizer_step(launch_user, tmp_path):
     hb = tmp_path / "hb"
     run = launch_user("train_plain.py", ["30", "--two-optimizers"], env={"ORCHESTRATE_HEARTBEAT_DIR": hb})

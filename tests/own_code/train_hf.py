@@ -1,9 +1,8 @@
 """A user's own Hugging Face Trainer script, as a user would write it: it knows nothing of orchestrate (no
 orchestrator / recipes import). Causal-LM fine-tuning of a local model on chat `messages` JSONL, on CPU.
 
-usage: train_hf.py MODEL_DIR DATA_JSONL OUTPUT_DIR MAX_STEPS [SAVE_STEPS] [--check-group-at-exit]
-Prints `USER_RESULT {json}` from rank 0 when training returns. `--check-group-at-exit`: at the very end it runs the
-atexit handlers itself and prints `GROUP_AT_EXIT {"rank", "open"}` (is its process group still initialized).
+usage: train_hf.py MODEL_DIR DATA_JSONL OUTPUT_DIR MAX_STEPS [SAVE_STEPS]
+Prints `USER_RESULT {json}` from rank 0 when training returns.
 """
 
 import json
@@ -16,9 +15,8 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForLa
 
 
 def main() -> None:
-    argv = [a for a in sys.argv[1:] if a != "--check-group-at-exit"]
-    model_dir, data, output_dir, max_steps = argv[:4]
-    save_steps = int(argv[4]) if len(argv) > 4 else 0
+    model_dir, data, output_dir, max_steps = sys.argv[1:5]
+    save_steps = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     tok = AutoTokenizer.from_pretrained(model_dir)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -41,14 +39,6 @@ def main() -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         print("USER_RESULT " + json.dumps({"global_step": trainer.state.global_step,
                                            "training_loss": out.training_loss}), flush=True)
-    if "--check-group-at-exit" in sys.argv:
-        import atexit
-
-        import torch.distributed as dist
-        atexit._run_exitfuncs()  # what the interpreter runs at exit, before finalization
-        sys.stdout.write("GROUP_AT_EXIT " + json.dumps({"rank": int(os.environ.get("RANK", "0")),
-                                                        "open": dist.is_initialized()}) + "\n")
-        sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -22,13 +22,6 @@
         going on with the rest of the script (final save, evaluation, upload) of an unfinished run.
 A plain loop gets no signal handler: SIGTERM/SIGUSR2 keep their default action (the process ends), since nothing
 could save its state.
-- at exit (atexit, after the user's own handlers), once a Trainer's train() returned normally in this process and
-  no exception ended the script: a default process group it left initialized is destroyed before interpreter
-  finalization. torch (2.13, gloo) otherwise aborts a finished rank now and then with "terminate called without an
-  active exception" (SIGABRT: a C++ thread of its distributed stack destroyed while joinable), which fails a job
-  that trained to the end (seen in 1 of 12 runs of a plain 2-rank DDP script). Only then: closing the group makes
-  the peers fail at once, so a rank that is exiting with an error must not close it before it is gone, or a peer
-  would be reported first ("Connection closed by peer") instead of the rank that failed.
 """
 
 from __future__ import annotations
@@ -216,8 +209,6 @@ def _train(train, trainer, args: tuple, kwargs: dict):
         _leave_preempted(int(preempt.stopped_by))  # keeps the handler: a launcher's TERM now counts as the same request
     if preempt is not None:
         preempt.uninstall()
-    global _trained
-    _trained = True
     return out
 
 
@@ -341,30 +332,11 @@ def _tracker_defaults() -> None:
     env.setdefault("WANDB_NAME", job + suffix)
 
 
-_trained = False  # a Trainer's train() returned normally (not preempted) in this process
-
-
-def _close_process_group() -> None:
-    """atexit: destroy a default process group still initialized, after a training that ended well (see the module
-    docstring). Nothing is imported: a process that never imported torch.distributed has no group."""
-    if not _trained or getattr(sys, "last_value", None) is not None:  # (last_value: an uncaught exception)
-        return
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception as e:  # noqa: BLE001 - exiting anyway; say why the group was left
-        _warn(f"process group teardown at exit: {type(e).__name__}: {e}")
-
-
 def install() -> None:
     global _installed
     if _installed:
         return
     _installed = True
-    import atexit
-
-    atexit.register(_close_process_group)  # before any of the user's: runs after them (last in, first out)
     if not any(a == "recipes.run" for a in getattr(sys, "orig_argv", ())):  # recipes.run writes its own
         hb.mark("boot", proc_start=_process_start_time())
     _tracker_defaults()
