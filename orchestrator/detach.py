@@ -64,7 +64,7 @@ def live_supervisor(job: str) -> int | None:
     from orchestrator.store import home
     try:
         words = (home() / "supervisors" / f"{job}.pid").read_text().split()
-        pid, start = int(words[0]), (float(words[1]) if len(words) > 1 and float(words[1]) > 0 else None)
+        pid, start = int(words[0]), float(words[1]) if len(words) > 1 else 0.0
     except (OSError, ValueError, IndexError):
         return None
-    return pid if pid != os.getpid() and same_process(pid, start) else None
+    return pid if pid != os.getpid() and same_process(pid, start or None) else None  # (0: start not recorded)

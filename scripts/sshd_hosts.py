@@ -20,7 +20,7 @@ each host's namespace (found by the host's tmpfs in /proc/PID/mountinfo), so the
     scripts/sshd_hosts.py down --dir /tmp/sshlab
     scripts/sshd_hosts.py down --stale-private [--port 2224]   # private hosts of a killed run (--dir gone)
 
-Python API (used by tests/ssh/conftest.py, tests/conftest.py and bench/bench_ssh.py): `up(...) -> Testbed`,
+Python API (used by tests/ssh/conftest.py, tests/private_hosts.py and the benchmarks): `up(...) -> Testbed`,
 `down(dir)`, `load(dir)`, `prerequisites() -> reason or None`, `host_pid(tb, host)`, `leftovers(tb)`.
 Needs root (sshd must switch users) and Debian's openssh-server (scripts/install_ssh_deps.sh);
 private hosts also need util-linux's unshare, nsenter and mount.
@@ -244,6 +244,16 @@ def _start_private(tb: Testbed, host: str, size: str) -> None:
                            f"{(hd / 'start.log').read_text(errors='replace')[-500:]}")
 
 
+def _start(tb: Testbed, host: str, work_area_size: str = WORK_AREA_SIZE) -> None:
+    """Start one host's sshd (it daemonizes): in a fresh mount namespace of its own for a private host."""
+    if tb.private:
+        _start_private(tb, host, work_area_size)
+    else:
+        hd = tb.host_dir(host)
+        subprocess.run([SSHD, "-f", str(hd / "sshd_config"), "-E", str(hd / "sshd.log")], check=True,
+                       stdin=subprocess.DEVNULL)
+
+
 def up(n: int, dir: str | Path, base_ip: str | None = None, port: int | None = None, user: str = "root",
        python: str | None = None, timeout: float = 20.0, private: bool = False, hostenv: str | None = None,
        work_area_size: str = WORK_AREA_SIZE, hide: list[str | Path] | tuple = ()) -> Testbed:
@@ -333,14 +343,12 @@ def up(n: int, dir: str | Path, base_ip: str | None = None, port: int | None = N
         tb.hidden = [str(p) for p in hidden]
     (d / STATE).write_text(json.dumps(asdict(tb), indent=1))  # before any start: down() can clean a failed up
     try:
-        if private:
+        if private:  # (a namespace and its mounts take a moment: in parallel)
             with ThreadPoolExecutor(8) as ex:
-                list(ex.map(lambda h: _start_private(tb, h, work_area_size), hosts))
+                list(ex.map(lambda h: _start(tb, h, work_area_size), hosts))
         else:
             for h in hosts:  # each sshd daemonizes at once; then wait for all of them together
-                hd = runtime[h]
-                subprocess.run([SSHD, "-f", str(hd / "sshd_config"), "-E", str(hd / "sshd.log")], check=True,
-                               stdin=subprocess.DEVNULL)
+                _start(tb, h)
         deadline = time.monotonic() + timeout
         pending = list(hosts)
         while pending:
@@ -442,11 +450,7 @@ def restart(tb: Testbed, host: str, timeout: float = 10.0) -> None:
     namespace and work area (its old one went with its last process). Updates tb.pids (and tb.mnt_ns)."""
     hd = tb.host_dir(host)
     (hd / "sshd.pid").unlink(missing_ok=True)
-    if tb.private:
-        _start_private(tb, host, WORK_AREA_SIZE)
-    else:
-        subprocess.run([SSHD, "-f", str(hd / "sshd_config"), "-E", str(hd / "sshd.log")], check=True,
-                       stdin=subprocess.DEVNULL)
+    _start(tb, host)
     deadline = time.monotonic() + timeout
     while not (_read_pid(hd / "sshd.pid") and _port_busy(host, tb.port)):
         if time.monotonic() > deadline:

@@ -106,9 +106,10 @@ def group_is_ours(pgid: int, leader_start: float | None) -> bool:
     """Whether the process group `pgid` is still the one whose leader started at `leader_start`. While any process
     is in a group its id cannot be handed out again, so a group without a living leader is still ours; a living
     process with pid == pgid that started at another time means the id was reused (ours ended, leader and all)."""
-    if leader_start is None or _stat(pgid) is None:
+    st = _stat(pgid)
+    if leader_start is None or st is None or st[0] in ("Z", "X"):
         return True
-    return same_process(pgid, leader_start) or (_stat(pgid) or ("", 0))[0] in ("Z", "X")
+    return same_process(pgid, leader_start)
 
 
 def zombie_exit_status(pid: int) -> int | None:

@@ -67,9 +67,9 @@ class AgentRecord:
         """The launch's and the agent's process groups, leaving out one whose id now belongs to an unrelated group
         (its leader ended and the id was handed out again: proctools.group_is_ours)."""
         from orchestrator.node.proctools import group_is_ours
-        starts = {self.pgid: self.proc_start, self.agent_pgid: self.agent_proc_start if
-                  self.agent_pgid == self.agent_pid else None}
-        return [g for g in (self.pgid, self.agent_pgid) if isinstance(g, int) and g > 1 and group_is_ours(g, starts[g])]
+        leaders = ((self.pgid, self.proc_start),  # the launch leads its group; the agent may not lead its own
+                   (self.agent_pgid, self.agent_proc_start if self.agent_pgid == self.agent_pid else None))
+        return [g for g, start in leaders if isinstance(g, int) and g > 1 and group_is_ours(g, start)]
 
 
 @dataclass(frozen=True)
