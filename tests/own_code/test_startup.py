@@ -194,3 +194,48 @@ def test_resume_choice(tmp_path, monkeypatch):
     assert choice(str(out / "checkpoint-5")) == ((), {"resume_from_checkpoint": str(out / "checkpoint-5")})
     trainer.args.output_dir = str(tmp_path / "empty")
     assert choice("auto") == ((), {})  # nothing saved yet: a fresh start
+
+
+def test_settle_at_exit_waits_while_another_thread_is_runnable(monkeypatch):
+    """_settle_at_exit (the exit race of pytorch#190489): with torch.distributed loaded it sleeps the minimum when no
+    other thread is runnable, and keeps the GIL free while one is (a gloo worker that has not run yet), up to the
+    maximum. The busy thread here hashes without the GIL, as a worker thread runs outside Python."""
+    import hashlib
+    import threading
+    import time
+
+    from orchestrator.node.hooks import orchestrate_hooks as hooks
+
+    monkeypatch.setitem(sys.modules, "torch.distributed", sys.modules.get("torch.distributed") or object())
+    least, most = hooks.SETTLE_S
+    t0 = time.monotonic()
+    hooks._settle_at_exit()
+    idle = time.monotonic() - t0
+    assert least <= idle < least + 0.15, idle
+
+    stop = threading.Event()
+    data = b"x" * (8 << 20)
+
+    def busy():
+        while not stop.is_set():
+            hashlib.sha256(data).digest()  # releases the GIL: this thread stays runnable (state R)
+
+    t = threading.Thread(target=busy, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not hooks._runnable_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert hooks._runnable_threads() >= 1
+        t0 = time.monotonic()
+        hooks._settle_at_exit()
+        waited = time.monotonic() - t0
+    finally:
+        stop.set()
+        t.join()
+    assert most <= waited < most + 0.3, waited
+
+    monkeypatch.delitem(sys.modules, "torch.distributed")
+    t0 = time.monotonic()
+    hooks._settle_at_exit()  # no torch.distributed: nothing to wait for
+    assert time.monotonic() - t0 < 0.005

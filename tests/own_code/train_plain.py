@@ -1,7 +1,11 @@
 """A user's own plain torch.distributed training loop (gloo, DDP, its own optimizer, no Trainer): it knows
 nothing of orchestrate. With `--beat` it also calls the opt-in one-line heartbeat (only if it is on the path).
 
-usage: train_plain.py STEPS [--beat] [--sleep S] [--two-optimizers] [--width W]
+usage: train_plain.py STEPS [--beat] [--sleep S] [--two-optimizers] [--width W] [--switch-interval S]
+        [--no-destroy]
+--no-destroy: end after the final barrier without destroying the process group (as many scripts do).
+--switch-interval S: sys.setswitchinterval(S) before the final barrier (the main thread then keeps the GIL for up
+to S seconds while a gloo worker thread waits for it: the exit race of torch's issue #190489 made likely).
 Prints `PLAIN_RESULT {json}` from every rank at the end (loop_s: wall time of the training loop).
 """
 
@@ -47,15 +51,18 @@ def main() -> None:
         if sleep:
             time.sleep(sleep)
     loop_s = time.perf_counter() - t0
-    if distributed:
-        dist.barrier()
-        dist.destroy_process_group()
     loaded = sorted(m for m in sys.modules if m.startswith("orchestrat"))  # what the hooks brought in
     # one write per line: ranks share the launcher's stdout and run unbuffered, where print() writes the text and
     # the newline separately, so two ranks' lines could interleave
     sys.stdout.write("PLAIN_RESULT " + json.dumps({"rank": int(os.environ.get("RANK", "0")), "steps": steps,
                                                    "modules": loaded, "loop_s": loop_s}) + "\n")
     sys.stdout.flush()
+    if "--switch-interval" in sys.argv:
+        sys.setswitchinterval(float(sys.argv[sys.argv.index("--switch-interval") + 1]))
+    if distributed:
+        dist.barrier()
+        if "--no-destroy" not in sys.argv:
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@
         going on with the rest of the script (final save, evaluation, upload) of an unfinished run.
 A plain loop gets no signal handler: SIGTERM/SIGUSR2 keep their default action (the process ends), since nothing
 could save its state.
+- registers `_settle_at_exit` as the first atexit handler (so it runs last, after the user's and the libraries'):
+  where torch.distributed was imported, it lets the process group's worker threads drop what they hold before the
+  interpreter finalizes (see its docstring: without it a rank that ended well can die of SIGABRT at exit).
 """
 
 from __future__ import annotations
@@ -239,6 +242,54 @@ def _leave_preempted(signum: int) -> None:
         os._exit(128 + signum)
 
 
+SETTLE_S = (0.01, 0.25)  # at least, at most
+
+
+def _runnable_threads() -> int:
+    """Threads of this process other than the calling one that are running or waiting for a CPU (state R)."""
+    import threading
+
+    me = str(threading.get_native_id())
+    n = 0
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for tid in tids:
+        if tid == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[0] == b"R":
+                    n += 1
+        except (OSError, IndexError):
+            continue
+    return n
+
+
+def _settle_at_exit() -> None:
+    """Give torch.distributed's worker threads the GIL once more before the interpreter finalizes.
+
+    A gloo worker thread that finishes a collective (a DDP all-reduce, the last barrier) drops its reference to the
+    work object; when that is the last one, the destructor frees Python objects the work captured and so takes the
+    GIL. When the script ends before the worker got it (the main thread keeps the GIL up to the switch interval, and
+    on a loaded machine the worker may not even have run yet), the worker asks for it after finalization has begun:
+    Python ends the thread with pthread_exit, whose unwinding through a C++ destructor calls std::terminate
+    ("terminate called without an active exception", SIGABRT), and torchrun reports a rank that finished its work as
+    failed (pytorch/pytorch#190489; a 2-rank DDP script ending with a barrier aborted in 1 of 20 runs here, 4 of 8
+    with a long switch interval). Sleeping here, after every other atexit handler, releases the GIL: a waiting worker
+    finishes now. We sleep at least SETTLE_S[0] and, while another thread is still runnable (a worker that has not
+    run yet), up to SETTLE_S[1]. Destroying the process group instead does not help (its threads live on while any
+    Python object holds the group), and it would make peers still at work fail."""
+    if "torch.distributed" not in sys.modules:
+        return
+    least, most = SETTLE_S
+    t0 = time.monotonic()
+    time.sleep(least)
+    while time.monotonic() - t0 < most and _runnable_threads():
+        time.sleep(least)
+
+
 def _flush_stdio() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -337,6 +388,9 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    import atexit
+
+    atexit.register(_settle_at_exit)  # first registered, so it runs last
     if not any(a == "recipes.run" for a in getattr(sys, "orig_argv", ())):  # recipes.run writes its own
         hb.mark("boot", proc_start=_process_start_time())
     _tracker_defaults()
