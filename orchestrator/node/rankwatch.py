@@ -5,10 +5,13 @@ measured here before the node's launch is gone, and the other nodes wait for tha
 pids of this node's ranks (the launch's marked processes with RANK set), holds a pidfd on each and wakes
 the moment one exits. Its exit status is read from /proc while it is a zombie (torchrun reaps on a 0.1 s
 poll, we are woken at once; while the rank still shows as exiting rather than a zombie, the read is retried for up
-to 0.2 s). A rank that exits non-zero before its last heartbeat says "end"/"preempted",
-or whose status is unknown and whose last heartbeat is some other event, died before finishing: `wait`
-returns a `RankDeath` and the agent ends the node at once. Everything else (status 0, a failing exit after
-"end"/"preempted", or unknown status with no heartbeat to judge by) is left to torchrun.
+to 0.2 s). On a loaded machine torchrun can reap it first: then the rank's own exit record (rank<G>.exit, written
+by the start-up hooks as the interpreter exits; orchestrate_hooks) gives the code it asked for, and a record with no
+code says it left through Python's exit, not killed. A rank that exits non-zero before its last heartbeat says
+"end"/"preempted", or whose status is unknown (no record of this pid) and whose last heartbeat is some other event,
+died before finishing: `wait` returns a `RankDeath` and the agent ends the node at once. Everything else (status
+0, a failing exit after "end"/"preempted", an exit whose code only torchrun knows, or unknown status with no
+heartbeat to judge by) is left to torchrun.
 """
 
 from __future__ import annotations
@@ -73,6 +76,19 @@ def last_event(heartbeat_dir: Path, rank: int) -> str | None:
     return None
 
 
+def exit_record(heartbeat_dir: Path, rank: int, pid: int) -> tuple[bool, int | None]:
+    """(found, code) from heartbeats/rank<G>.exit when it was written by process `pid` (an earlier attempt's record
+    never counts); code None: the rank left through Python's exit with a code it did not name."""
+    try:
+        rec = json.loads((heartbeat_dir / f"rank{rank}.exit").read_text())
+    except (OSError, ValueError):
+        return False, None
+    if not isinstance(rec, dict) or rec.get("pid") != pid:
+        return False, None
+    code = rec.get("code")
+    return True, code if isinstance(code, int) else None
+
+
 class RankWatch:
     def __init__(self, token: str, ranks: list[int], heartbeat_dir: Path, scan_every: float = 0.2):
         self.token = token
@@ -90,6 +106,12 @@ class RankWatch:
             time.sleep(0.002)
             status = zombie_exit_status(pid)
         event = last_event(self.heartbeat_dir, rank)
+        if status is None:  # reaped before we could read it: what the rank itself recorded as it exited
+            found, code = exit_record(self.heartbeat_dir, rank, pid)
+            if found:
+                if code is None or code == 0:
+                    return None  # it left through Python's exit: torchrun has the code and reports it
+                status = code
         if status == 0 or (status is None and (event is None or event in DONE_EVENTS)):
             return None  # a clean end (or nothing to judge by): torchrun decides
         if status is not None and status > 0 and event in DONE_EVENTS:

@@ -34,7 +34,8 @@ def test_hf_trainer_script_gets_heartbeats_on_every_rank(launch_user, tiny_model
     out = run.output
     assert rc == 0, out[-4000:]
     assert _result(out, "USER_RESULT ")[0]["global_step"] == 15
-    assert sorted(os.listdir(hb)) == ["rank0.jsonl", "rank1.jsonl"]  # none from the launcher process
+    # none from the launcher process; each rank's exit record (orchestrate_hooks) beside its heartbeats
+    assert sorted(os.listdir(hb)) == ["rank0.exit", "rank0.jsonl", "rank1.exit", "rank1.jsonl"]
     for rank in (0, 1):
         recs = records(hb / f"rank{rank}.jsonl")
         assert all(set(r) - {"proc_start"} == CONTRACT_FIELDS and r["rank"] == rank for r in recs)
@@ -100,7 +101,7 @@ def test_plain_torch_loop_gets_one_record_per_optimizer_step(launch_user, tmp_pa
     results = _result(out, "PLAIN_RESULT ")
     assert sorted(r["rank"] for r in results) == [0, 1]
     assert all("orchestrator" not in r["modules"] for r in results), results  # the hooks import no package
-    assert sorted(os.listdir(hb)) == ["rank0.jsonl", "rank1.jsonl"]
+    assert sorted(os.listdir(hb)) == ["rank0.exit", "rank0.jsonl", "rank1.exit", "rank1.jsonl"]
     for rank in (0, 1):
         recs = records(hb / f"rank{rank}.jsonl")
         assert recs[0]["event"] == "boot"

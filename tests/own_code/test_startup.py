@@ -44,7 +44,7 @@ def test_active_in_a_rank_stdlib_only_and_boot_mark(tmp_path):
     loaded = [m for m in out["modules"] if not m.startswith("orchestrator.node.hooks.")]
     assert loaded == ["orchestrate_heartbeat", "orchestrate_hooks", "sitecustomize"], out
     assert out["env"]["ORCHESTRATE_HOOKS_PID"].isdigit() and not out["stderr"]
-    assert sorted(os.listdir(hb)) == ["rank1.jsonl"]
+    assert sorted(os.listdir(hb)) == ["rank1.exit", "rank1.jsonl"]
     assert stat.S_IMODE(os.stat(hb / "rank1.jsonl").st_mode) == 0o600
     (boot,) = records(hb / "rank1.jsonl")
     assert set(boot) == CONTRACT_FIELDS | {"proc_start"} and boot["event"] == "boot" and boot["step"] == 0

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.node.proctools import TOKEN_VAR, zombie_exit_status
-from orchestrator.node.rankwatch import RankDeath, RankWatch, last_event
+from orchestrator.node.rankwatch import RankDeath, RankWatch, exit_record, last_event
 
 SCRIPT = r"""
 import json, os, sys, time
@@ -77,6 +77,40 @@ def test_exit_classification(tmp_path, event, code, expect):
     else:
         assert death is not None and death.status == expect and death.exit_code == expect
     p.wait()
+
+
+@pytest.mark.parametrize("record,event,expect", [
+    ("sys.exit(3)", "step", 3),      # asked for 3 before finishing: named with its code
+    ("sys.exit(0)", "step", None),   # a clean exit: torchrun's to report
+    ("raise SystemExit(4)", "step", None),  # left through Python's exit, code unknown: torchrun knows it
+    ("sys.exit(2)", "end", None),    # failing after "end": torchrun's, as with a status read in time
+    ("os._exit(9)", "step", "unknown"),  # no record (or one of another pid): status unknown before finishing
+    ("other pid", "step", "unknown")])
+def test_reaped_before_read_uses_the_ranks_own_exit_record(tmp_path, record, event, expect):
+    """torchrun reaped the rank before the watch read its zombie: the rank's exit record (written by the start-up
+    hooks as the interpreter exits, with this process's pid) gives the code; without a record of that pid the status
+    stays unknown."""
+    from orchestrator.node.hooks import HOOKS_DIR
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCHESTRATE_", "RANK", "LOCAL_RANK"))}
+    env.update(PYTHONPATH=HOOKS_DIR, ORCHESTRATE_HEARTBEAT_DIR=str(tmp_path), RANK="5")
+    code = "import os, sys\n" + ("sys.exit(1)" if record == "other pid" else record)
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = p.communicate(timeout=60)  # reaped: no zombie left to read
+    if record == "other pid":
+        rec = json.loads((tmp_path / "rank5.exit").read_text())
+        (tmp_path / "rank5.exit").write_text(json.dumps({**rec, "pid": rec["pid"] + 1}))
+    (tmp_path / "rank5.jsonl").write_text(json.dumps({"event": event}) + "\n")
+    found, _ = exit_record(tmp_path, 5, p.pid)
+    assert found == (record not in ("os._exit(9)", "other pid")), err
+    death = RankWatch("tok", [5], tmp_path)._classify(5, p.pid)
+    if expect is None:
+        assert death is None, death
+    elif expect == "unknown":
+        assert death is not None and death.status is None and "status unknown" in death.describe()
+    else:
+        assert death is not None and (death.status, death.exit_code) == (expect, expect)
+        assert "exited with code 3 (exit 3)" in death.describe()
 
 
 def test_stop_ends_the_watch(tmp_path):

@@ -22,9 +22,14 @@
         going on with the rest of the script (final save, evaluation, upload) of an unfinished run.
 A plain loop gets no signal handler: SIGTERM/SIGUSR2 keep their default action (the process ends), since nothing
 could save its state.
-- registers `_settle_at_exit` as the first atexit handler (so it runs last, after the user's and the libraries'):
-  where torch.distributed was imported, it lets the process group's worker threads drop what they hold before the
-  interpreter finalizes (see its docstring: without it a rank that ended well can die of SIGABRT at exit).
+- registers `_at_exit` as the first atexit handler (so it runs last, after the user's and the libraries'):
+  * writes the rank's exit record, ORCHESTRATE_HEARTBEAT_DIR/rank<G>.exit: {"pid", "code"}, where code is what the
+    script asked for through sys.exit / exit / quit (argparse and click call sys.exit), 1 after an uncaught
+    exception, or null when it is not known (the script ran to its end, or raised SystemExit itself). The node
+    agent reads it only when torchrun reaped the rank before the agent could read its exit status
+    (orchestrator.node.rankwatch); the pid ties it to this process, so a record of an earlier attempt never counts;
+  * where torch.distributed was imported, lets the process group's worker threads drop what they hold before the
+    interpreter finalizes (`_settle_at_exit`: without it a rank that ended well can die of SIGABRT at exit).
 """
 
 from __future__ import annotations
@@ -234,6 +239,7 @@ def _leave_preempted(signum: int) -> None:
     except Exception as e:  # noqa: BLE001 - the checkpoint is saved: exit with the signal's code regardless
         _warn(f"process group teardown after preemption: {type(e).__name__}: {e}")
     _warn(f"rank {hb.env_rank()}: checkpoint saved after signal {signum}; exiting {128 + signum}")
+    _Exit.code = 128 + signum
     _flush_stdio()
     try:
         atexit._run_exitfuncs()
@@ -265,6 +271,80 @@ def _runnable_threads() -> int:
         except (OSError, IndexError):
             continue
     return n
+
+
+class _Exit:
+    code: int | None = None  # what the script asked for (sys.exit / exit / quit, 1 after an uncaught exception)
+
+
+def _exit_code(status) -> int:
+    """The process exit code Python gives SystemExit(status)."""
+    if status is None:
+        return 0
+    if isinstance(status, int):
+        return status & 0xFF
+    return 1  # any other object is printed to stderr and exits 1
+
+
+def _watch_exit() -> None:
+    """Remember the code the script asks for: wrap sys.exit, the exit / quit builtins and sys.excepthook."""
+    import builtins
+
+    real_exit = sys.exit
+
+    def exit(status=None):  # stands in for sys.exit
+        _Exit.code = _exit_code(status)
+        real_exit(status)
+
+    exit.__doc__ = real_exit.__doc__
+    sys.exit = exit
+    for name in ("exit", "quit"):
+        quitter = getattr(builtins, name, None)
+        if quitter is not None and callable(quitter):
+            setattr(builtins, name, _quitter(quitter))
+    real_hook = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        _Exit.code = 1
+        real_hook(kind, value, tb)
+
+    sys.excepthook = excepthook
+
+
+def _quitter(quitter):
+    class Quitter(type(quitter)):
+        def __call__(self, code=None):
+            _Exit.code = _exit_code(code)
+            return quitter(code)
+
+    try:
+        q = Quitter.__new__(Quitter)
+        q.__dict__.update(getattr(quitter, "__dict__", {}))
+        return q
+    except TypeError:
+        return quitter
+
+
+def _write_exit_record() -> None:
+    hb_dir = os.environ.get("ORCHESTRATE_HEARTBEAT_DIR")
+    if not hb_dir:
+        return
+    path = os.path.join(hb_dir, f"rank{hb.env_rank()}.exit")
+    try:
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            os.write(fd, ('{"pid": %d, "code": %s}\n' % (os.getpid(), "null" if _Exit.code is None
+                                                          else _Exit.code)).encode())
+        finally:
+            os.close(fd)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass  # at exit: the record is a hint for the agent, never a failure of the rank
+
+
+def _at_exit() -> None:
+    _write_exit_record()
+    _settle_at_exit()
 
 
 def _settle_at_exit() -> None:
@@ -390,7 +470,8 @@ def install() -> None:
     _installed = True
     import atexit
 
-    atexit.register(_settle_at_exit)  # first registered, so it runs last
+    atexit.register(_at_exit)  # first registered, so it runs last
+    _watch_exit()
     if not any(a == "recipes.run" for a in getattr(sys, "orig_argv", ())):  # recipes.run writes its own
         hb.mark("boot", proc_start=_process_start_time())
     _tracker_defaults()
