@@ -239,3 +239,18 @@ def test_settle_at_exit_waits_while_another_thread_is_runnable(monkeypatch):
     t0 = time.monotonic()
     hooks._settle_at_exit()  # no torch.distributed: nothing to wait for
     assert time.monotonic() - t0 < 0.005
+
+
+def test_exit_record_is_the_ranks_own(tmp_path):
+    """rank<G>.exit names the rank's pid and code; a forked child that exits through Python writes none in its name."""
+    hb = tmp_path / "hb"
+    code = ("import os, sys, time\n"
+            "print(os.getpid(), flush=True)\n"
+            "if os.fork() == 0:\n"
+            "    time.sleep(0.5)\n"  # the child outlives the rank (the pipes keep the test waiting for it) and
+            "    sys.exit(7)\n"  # exits through Python's exit: atexit handlers run, after the rank's
+            "sys.exit(3)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env=base_env(ORCHESTRATE_HEARTBEAT_DIR=hb, RANK="2"))
+    assert p.returncode == 3, p.stderr
+    assert json.loads((hb / "rank2.exit").read_text()) == {"pid": int(p.stdout.split()[-1]), "code": 3}

@@ -275,6 +275,7 @@ def _runnable_threads() -> int:
 
 class _Exit:
     code: int | None = None  # what the script asked for (sys.exit / exit / quit, 1 after an uncaught exception)
+    pid = 0  # the hooked rank (a forked child that exits through Python writes no record in its name)
 
 
 def _exit_code(status) -> int:
@@ -289,6 +290,8 @@ def _exit_code(status) -> int:
 def _watch_exit() -> None:
     """Remember the code the script asks for: wrap sys.exit, the exit / quit builtins and sys.excepthook."""
     import builtins
+
+    _Exit.pid = os.getpid()
 
     real_exit = sys.exit
 
@@ -327,7 +330,7 @@ def _quitter(quitter):
 
 def _write_exit_record() -> None:
     hb_dir = os.environ.get("ORCHESTRATE_HEARTBEAT_DIR")
-    if not hb_dir:
+    if not hb_dir or os.getpid() != _Exit.pid:
         return
     path = os.path.join(hb_dir, f"rank{hb.env_rank()}.exit")
     try:
