@@ -12,7 +12,8 @@ Subcommands (`trl_commands`): every `trl/scripts/<name>.py` with a `make_parser`
 (its config class), and the parser's option strings are what it accepts.
 
 Importing trl costs seconds, so each result is cached per package version in
-$ORCHESTRATE_HOME/cache/<package>-<version>-<what>.kinds.json (directory 0700, file 0600, written atomically); with the
+$ORCHESTRATE_HOME/cache/<package>-<version>-<what>.kinds.json (a TRL config's <version> names transformers' too: the
+fields come from both; directory 0700, file 0600, written atomically); with the
 cache present, planning reads one small file and imports no trl. Without trl installed: None (not checked; the spec
 falls back to a fixed list of subcommand names).
 """
@@ -79,7 +80,15 @@ def field_defaults(cls: type) -> dict[str, Any]:
 
 
 def cache_path(home: Path, trl_version: str, recipe: str) -> Path:
-    return _path(home, "trl", trl_version, config_class_name(recipe))
+    return _path(home, "trl", _fields_version("trl", trl_version), config_class_name(recipe))
+
+
+def _fields_version(package: str, package_version: str) -> str:
+    """What a config class's fields depend on: TRL's configs inherit transformers' TrainingArguments, so their cache
+    is named by both versions (a transformers upgrade that adds or drops a field must not meet a stale cache)."""
+    if package == "transformers":
+        return package_version
+    return f"{package_version}+transformers-{_version('transformers') or 'none'}"
 
 
 def _path(home: Path, package: str, package_version: str, what: str) -> Path:
@@ -149,7 +158,7 @@ def _class_info(package: str, class_name: str) -> tuple[dict[str, str], dict[str
     package_version = _version(package)
     if package_version is None:
         return None
-    path = _path(_home(), package, package_version, class_name)
+    path = _path(_home(), package, _fields_version(package, package_version), class_name)
     fields = _read(path)
     if fields is not None:
         return fields, dict((_read_payload(path) or {}).get("defaults") or {})

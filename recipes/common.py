@@ -200,7 +200,24 @@ def build_config(config_cls, cfg: dict, rt: Runtime, extra_defaults: dict | None
         t.setdefault(k, v)
     if "model_init_kwargs" not in t:
         t["model_init_kwargs"] = model_init_kwargs(cfg["model"])
-    return config_cls(**t)
+    return config_cls(**older_names(config_cls, t))
+
+
+def older_names(config_cls, t: dict) -> dict:
+    """Keys the installed transformers does not have yet, under the older field that means the same
+    (orchestrator.core.spec.TRAINER_ALIASES: `activation_checkpointing` is `gradient_checkpointing` before 5.2x)."""
+    import dataclasses
+
+    from orchestrator.core.spec import TRAINER_ALIASES
+
+    fields = {f.name for f in dataclasses.fields(config_cls)} if dataclasses.is_dataclass(config_cls) else None
+    if fields is None:
+        return t
+    out = dict(t)
+    for new, old in TRAINER_ALIASES.items():
+        if new in out and new not in fields and old in fields:
+            out.setdefault(old, out.pop(new))
+    return out
 
 
 def resolve_resume(cfg: dict, output_dir: str) -> str | None:

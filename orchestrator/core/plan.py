@@ -193,10 +193,11 @@ def _rules(recipe: JobSpec, par: dict[str, int], dist: str, facts: PlanFacts, pr
             if v is not None and (not isinstance(v, int) or v % divisor):
                 problems.append(Problem(where.get(key, f"trainer.{key}"), f"must be divisible by {why}, got {v!r}"))
     fsdp_ac = (facts.profile_config.get("fsdp_config") or {}).get("fsdp_activation_checkpointing")
-    if dist == "FSDP" and fsdp_ac and t.get("gradient_checkpointing") is True:
-        problems.append(Problem(where.get("gradient_checkpointing", "trainer.gradient_checkpointing"),
-                                "the FSDP profile already checkpoints activations (fsdp_activation_checkpointing); "
-                                "turn one of them off"))
+    for key in ("activation_checkpointing", "gradient_checkpointing"):  # the same switch (spec.TRAINER_ALIASES)
+        if dist == "FSDP" and fsdp_ac and t.get(key) is True:
+            problems.append(Problem(where.get(key, f"trainer.{key}"),
+                                    "the FSDP profile already checkpoints activations (fsdp_activation_checkpointing); "
+                                    "turn one of them off"))
     heads = (facts.model_facts or {}).get("num_attention_heads")
     kv = (facts.model_facts or {}).get("num_key_value_heads")
     for size, name in ((sp, "sp"), (tp, "tp")):

@@ -323,6 +323,12 @@ def _trl_check(kind: str) -> str:
     return ("opt_" if opt else "") + _TRL_CHECKS[base] if base in _TRL_CHECKS else "any"
 
 
+# A built-in recipe's `trainer:` key -> the older TrainingArguments field that means the same; where the installed
+# transformers lacks the key (activation_checkpointing came in 5.2x), the recipe passes it under the older name
+# (recipes.common.build_config), so the shipped configs run on every transformers pyproject allows.
+TRAINER_ALIASES = {"activation_checkpointing": "gradient_checkpointing"}
+
+
 def check_trainer(trainer: dict[str, Any], recipe: str, kinds: Mapping[str, str] | None
                   ) -> tuple[dict[str, Any], list[Problem]]:
     """The `trainer:` block against TRL's field kinds (`kinds`, None: not known) and the plan's ranges.
@@ -333,13 +339,14 @@ def check_trainer(trainer: dict[str, Any], recipe: str, kinds: Mapping[str, str]
     problems: list[Problem] = []
     for key, value in trainer.items():
         where = f"trainer.{key}"
-        if kinds is not None and key not in kinds:
+        field = TRAINER_ALIASES.get(key, key) if kinds is not None and key not in kinds else key
+        if kinds is not None and field not in kinds:
             problems.append(Problem(where, f"unknown {recipe} trainer option" + suggest(str(key), kinds)))
             continue
         if isinstance(key, str) and is_secret_name(key) and isinstance(value, str) and value:
             problems.append(Problem(where, "looks like a secret: pass it by launch.secret_env"))
             continue
-        trl = (kinds or {}).get(key, "any")
+        trl = (kinds or {}).get(field, "any")
         check = PLAN_TRAINER_CHECKS.get(key) or _trl_check(trl)
         numeric = trl in ("float", "opt_float") or check == "pos_number"
         if numeric and isinstance(value, str) and _NUMBER.fullmatch(value.strip()):

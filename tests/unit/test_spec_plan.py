@@ -73,6 +73,51 @@ def test_trainer_keys_checked_against_trl_fields():
     assert problems(e.value)["trainer.learning_rat"] == "unknown sft trainer option (did you mean 'learning_rate'?)"
 
 
+def test_activation_checkpointing_is_accepted_where_transformers_predates_it():
+    """`activation_checkpointing` (transformers >= 5.2x) on a transformers that only has `gradient_checkpointing`:
+    accepted (the recipe passes it under the older name), not 'unknown option'; other keys are still checked."""
+    old = {"gradient_checkpointing": "bool", "max_length": "opt_int", "per_device_train_batch_size": "int",
+           "gradient_accumulation_steps": "int"}
+    d = copy.deepcopy(BASE)
+    d["trainer"]["activation_checkpointing"] = False
+    assert parse_recipe(d, trainer_fields=lambda kind: old).trainer["activation_checkpointing"] is False
+    d["trainer"]["activation_checkpointing"] = "yes"
+    with pytest.raises(ConfigError) as e:
+        parse_recipe(d, trainer_fields=lambda kind: old)
+    assert problems(e.value)["trainer.activation_checkpointing"] == "must be true or false, got 'yes'"
+
+
+def test_recipe_passes_activation_checkpointing_under_the_older_name():
+    from dataclasses import dataclass
+
+    from recipes.common import older_names
+
+    @dataclass
+    class Old:  # a TrainingArguments before activation_checkpointing
+        gradient_checkpointing: bool = False
+        max_length: int = 0
+
+    @dataclass
+    class New:
+        activation_checkpointing: bool = False
+        gradient_checkpointing: bool = False
+
+    assert older_names(Old, {"activation_checkpointing": True, "max_length": 8}) == \
+        {"gradient_checkpointing": True, "max_length": 8}
+    assert older_names(New, {"activation_checkpointing": True}) == {"activation_checkpointing": True}
+
+
+@pytest.mark.parametrize("key", ["activation_checkpointing", "gradient_checkpointing"])
+def test_double_activation_checkpointing_on_fsdp_is_refused(key):
+    """transformers' Trainer raises at start-up when FSDP's own activation checkpointing and the training argument are
+    both on: refused at plan time, naming the key."""
+    cfg = {"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2, "fsdp_activation_checkpointing": True}}
+    with pytest.raises(ConfigError) as e:
+        make_plan(recipe(**{f"trainer__{key}": True}), parse_cluster({}), facts("fsdp2", accelerator="gpu", cfg=cfg))
+    assert problems(e.value)[f"trainer.{key}"].startswith("the FSDP profile already checkpoints activations")
+    make_plan(recipe(**{f"trainer__{key}": False}), parse_cluster({}), facts("fsdp2", accelerator="gpu", cfg=cfg))
+
+
 @pytest.mark.parametrize("path,value,needle", [
     ("launch__nodes", "two", "launch.nodes: must be an integer >= 1"),
     ("launch__nodes", 0, "launch.nodes: must be an integer >= 1, got 0"),

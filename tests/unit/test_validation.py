@@ -216,3 +216,25 @@ def test_set_pad_to_multiple_of_is_kept_or_refused():
     assert problems(e.value) == {"trainer.pad_to_multiple_of": "must be divisible by cp*2 = 4 (ring attention), got 6"}
     plain = parse_recipe(BASE)
     assert apply_plan_defaults(plain) == (plain, ())
+
+
+def test_trl_config_cache_is_named_by_the_transformers_version_too(tmp_path, monkeypatch):
+    """TRL's configs inherit transformers' TrainingArguments: after a transformers upgrade (same TRL) the fields are
+    read again, not taken from the old cache (seen on a GPU machine: a field new in transformers was refused)."""
+    monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path))
+    real = trlfields._version
+
+    def fake(package):
+        return "0.0.1-old" if package == "transformers" else real(package)
+
+    old_path = trlfields._path(tmp_path, "trl", f"{version('trl')}+transformers-0.0.1-old", "SFTConfig")
+    old_path.parent.mkdir(parents=True)
+    old_path.write_text(json.dumps({"format": trlfields.CACHE_FORMAT, "fields": {"only_this": "int"},
+                                    "defaults": {}}))
+    monkeypatch.setattr(trlfields, "_version", fake)
+    assert trlfields.trainer_fields("sft") == {"only_this": "int"}  # the cache of that transformers version
+    monkeypatch.setattr(trlfields, "_version", real)
+    fields = trlfields.trainer_fields("sft")  # the installed transformers: its own cache, built now
+    assert "only_this" not in fields and "learning_rate" in fields
+    assert trlfields.cache_path(tmp_path, version("trl"), "sft").name == \
+        f"trl-{version('trl')}+transformers-{version('transformers')}-SFTConfig.kinds.json"
