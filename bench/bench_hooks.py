@@ -49,16 +49,25 @@ from orchestrator.node.hooks import HOOKS_DIR  # noqa: E402
 
 
 def _block(model, opt, x, y, n: int) -> float:
+    import torch
+
+    cuda = x.is_cuda
+    if cuda:
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
         loss = (model(x) - y).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
+    if cuda:
+        torch.cuda.synchronize()
     return (time.perf_counter() - t0) / n
 
 
-def in_process(width: int, pairs: int, block: int, flush_s: float, hb_dir: str) -> dict:
+def in_process(width: int, pairs: int, block: int, flush_s: float, hb_dir: str, device: str = "cpu") -> dict:
+    """The torch optimizer-step hook on and off in ABBA blocks of one process's MLP steps (`device`: cpu or cuda; a
+    synchronize ends each CUDA block)."""
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -71,9 +80,9 @@ def in_process(width: int, pairs: int, block: int, flush_s: float, hb_dir: str) 
     s0.first, s0.steps, s0.calls, s0.overhead_s = None, 0, 0, 0.0
     os.environ["ORCHESTRATE_HEARTBEAT_DIR"] = hb_dir
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = torch.randn(16, 32), torch.randn(16, 1)
+    x, y = torch.randn(16, 32, device=device), torch.randn(16, 1, device=device)
     _block(model, opt, x, y, block)  # warm-up
     on_t, off_t, rel = [], [], []
     for i in range(pairs):
@@ -95,6 +104,7 @@ def in_process(width: int, pairs: int, block: int, flush_s: float, hb_dir: str) 
             "paired_overhead_median": round(statistics.median(rel), 5),
             "paired_overhead_mean": round(statistics.mean(rel), 5),
             "paired_overhead_stdev": round(statistics.stdev(rel), 5) if len(rel) > 1 else None,
+            "paired_overhead_range": [round(min(rel), 5), round(max(rel), 5)],
             "hook_self_us_per_step": round(hook_s / max(1, s["hook_calls"]) * 1e6, 3),
             "hook_self_frac": round(hook_s / (sum(on_t) * block), 6),
             "records": s["records"], "os_writes": w.writes if w else 0}
@@ -246,11 +256,54 @@ runpy.run_path(sys.argv.pop(1), run_name="__main__")
 '''
 
 
+class ToggleBlocks:
+    """The [on, off] block pairs of TOGGLE's output (TOGGLE_RESULT / TOGGLE_ROLES lines), gathered over runs."""
+
+    def __init__(self, block: int):
+        self.block = block
+        self.rel: list[float] = []
+        self.on_s: list[float] = []
+        self.off_s: list[float] = []
+        self.inside: list[float] = []
+        self.by_role: dict[str, list[float]] = {}
+
+    def add(self, stdout: str) -> bool:
+        """One run's output; False when it holds no TOGGLE_RESULT line."""
+        line = next((x for x in stdout.splitlines() if "TOGGLE_RESULT " in x), None)
+        if not line:
+            return False
+        got = json.loads(line.split("TOGGLE_RESULT ", 1)[1])
+        roles = json.loads(next(x for x in stdout.splitlines() if "TOGGLE_ROLES " in x).split("TOGGLE_ROLES ")[1])
+        on_total = sum(b[0] for b in got if b[1])
+        for role, s in roles.items():
+            self.by_role.setdefault(role, []).append(s / on_total)
+        for i in range(0, len(got) - 1, 2):  # (on, off) or (off, on): adjacent blocks
+            (a, a_on, a_in), (b, _, b_in) = got[i], got[i + 1]
+            on, off = (a, b) if a_on else (b, a)
+            self.inside.append((a_in if a_on else b_in) / on)
+            self.rel.append(on / off - 1.0)
+            self.on_s.append(on / self.block)
+            self.off_s.append(off / self.block)
+        return True
+
+    def summary(self) -> dict:
+        rel = self.rel
+        return {"pairs": len(rel), "block": self.block,
+                "step_ms_off": round(statistics.median(self.off_s) * 1e3, 3),
+                "step_ms_on": round(statistics.median(self.on_s) * 1e3, 3),
+                "paired_overhead_median": round(statistics.median(rel), 5),
+                "paired_overhead_mean": round(statistics.mean(rel), 5),
+                "paired_overhead_sem": round(statistics.stdev(rel) / len(rel) ** 0.5, 5),
+                "paired_overhead_range": [round(min(rel), 5), round(max(rel), 5)],
+                "self_timed_frac_median": round(statistics.median(self.inside), 6),
+                "self_timed_frac_by_callback": {k: round(statistics.median(v), 6) for k, v in self.by_role.items()}}
+
+
 def two_ranks(runs: int, blocks: int, block: int, warmup: int, check_s: str) -> dict:
     """Section 4: [on, off] block pairs inside `runs` 2-rank runs (see the module docstring)."""
     from recipes.tiny import resolve_model_path
     model = resolve_model_path("tiny-llama")
-    rel, on_s, off_s, inside, by_role = [], [], [], [], {}
+    pairs = ToggleBlocks(block)
     with tempfile.TemporaryDirectory() as d:
         wrapper = Path(d) / "toggle.py"
         wrapper.write_text(TOGGLE)
@@ -265,32 +318,11 @@ def two_ranks(runs: int, blocks: int, block: int, warmup: int, check_s: str) -> 
         for _ in range(runs):
             p = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(job), "--nodes", "2"],
                                capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
-            line = next((x for x in p.stdout.splitlines() if "TOGGLE_RESULT " in x), None)
-            if p.returncode != 0 or not line:
+            if p.returncode != 0 or not pairs.add(p.stdout):
                 (Path(tempfile.gettempdir()) / "bench_hooks_two_ranks.log").write_text(p.stdout + p.stderr)
                 raise SystemExit(f"two-rank run failed (rc {p.returncode}): {p.stdout.splitlines()[-1:]} (whole "
                                  f"output: {tempfile.gettempdir()}/bench_hooks_two_ranks.log)")
-            got = json.loads(line.split("TOGGLE_RESULT ", 1)[1])
-            roles = json.loads(next(x for x in p.stdout.splitlines() if "TOGGLE_ROLES " in x).split("TOGGLE_ROLES ")[1])
-            on_total = sum(b[0] for b in got if b[1])
-            for role, s in roles.items():
-                by_role.setdefault(role, []).append(s / on_total)
-            for i in range(0, len(got) - 1, 2):  # (on, off) or (off, on): adjacent blocks
-                (a, a_on, a_in), (b, _, b_in) = got[i], got[i + 1]
-                on, off = (a, b) if a_on else (b, a)
-                inside.append((a_in if a_on else b_in) / on)
-                rel.append(on / off - 1.0)
-                on_s.append(on / block)
-                off_s.append(off / block)
-    return {"check_s": float(check_s), "runs": runs, "pairs": len(rel), "block": block, "warmup": warmup,
-            "step_ms_off": round(statistics.median(off_s) * 1e3, 3),
-            "step_ms_on": round(statistics.median(on_s) * 1e3, 3),
-            "paired_overhead_median": round(statistics.median(rel), 5),
-            "paired_overhead_mean": round(statistics.mean(rel), 5),
-            "paired_overhead_sem": round(statistics.stdev(rel) / len(rel) ** 0.5, 5),
-            "paired_overhead_range": [round(min(rel), 5), round(max(rel), 5)],
-            "self_timed_frac_median": round(statistics.median(inside), 6),
-            "self_timed_frac_by_callback": {k: round(statistics.median(v), 6) for k, v in by_role.items()}}
+    return {"check_s": float(check_s), "runs": runs, "warmup": warmup, **pairs.summary()}
 
 
 def main() -> int:

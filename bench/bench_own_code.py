@@ -25,7 +25,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-SCRIPT = '''
+def first_step_script(user: Path) -> str:
+    """A wrapper that runs `user` (a Trainer script) as __main__ and prints USER_FIRST_STEP <time> on rank 0 when its
+    first optimizer step has ended."""
+    return '''
 import sys, time, runpy
 from transformers import TrainerCallback, Trainer
 class FirstStep(TrainerCallback):
@@ -39,9 +42,8 @@ def init(self, *a, **k):
     _init(self, *a, **k)
     self.add_callback(FirstStep())
 Trainer.__init__ = init
-sys.argv = [sys.argv[0]] + sys.argv[1:]
 runpy.run_path("%s", run_name="__main__")
-''' % (REPO / "tests" / "faults" / "user_train.py")
+''' % user
 
 
 def first_step(text: str) -> float:
@@ -63,7 +65,7 @@ def main() -> int:
     from recipes.tiny import resolve_model_path
     model = resolve_model_path("tiny-llama")
     script = tmp / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(first_step_script(REPO / "tests" / "faults" / "user_train.py"))
     data = REPO / "recipes" / "data" / "sft_tiny.jsonl"
 
     def job(tag: str) -> Path:
