@@ -42,8 +42,8 @@ def init(self, *a, **k):
     _init(self, *a, **k)
     self.add_callback(FirstStep())
 Trainer.__init__ = init
-runpy.run_path("%s", run_name="__main__")
-''' % user
+runpy.run_path(%r, run_name="__main__")
+''' % str(user)
 
 
 def first_step(text: str) -> float:

@@ -182,8 +182,11 @@ def build_config(config_cls, cfg: dict, rt: Runtime, extra_defaults: dict | None
     tiny = str(cfg["model"]["name_or_path"]) in BUILTIN_MODELS
     defaults: dict[str, Any] = dict(extra_defaults or {})
     defaults.setdefault("report_to", "none")
-    if tiny and "gradient_checkpointing" not in t:
-        defaults.setdefault("activation_checkpointing", False)  # TRL defaults it on; pointless for tiny models
+    fsdp_checkpoints = os.environ.get("FSDP_ACTIVATION_CHECKPOINTING", "").lower() == "true"  # set by accelerate
+    if (tiny or fsdp_checkpoints) and "gradient_checkpointing" not in t:
+        # TRL defaults it on: pointless for tiny models, and under an FSDP profile that checkpoints activations
+        # itself transformers refuses both at once (a value the user gives is checked at plan time instead)
+        defaults.setdefault("activation_checkpointing", False)
     if not sys.stderr.isatty():
         defaults.setdefault("disable_tqdm", True)  # progress bars garble node logs; the loss lines stay
     if rt.cpu:

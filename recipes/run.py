@@ -85,6 +85,9 @@ def leave(code: int) -> None:
     (trackers such as wandb finishing their run) still run first."""
     import atexit
 
+    hooks = sys.modules.get("orchestrate_hooks")  # orchestrate's start-up hooks, when on the path
+    if hooks is not None and hasattr(hooks, "exiting"):
+        hooks.exiting(code)  # the exit record names the code (orchestrator.node.rankwatch)
     sys.stdout.flush()
     sys.stderr.flush()
     atexit._run_exitfuncs()

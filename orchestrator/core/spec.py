@@ -326,7 +326,8 @@ def _trl_check(kind: str) -> str:
 # A built-in recipe's `trainer:` key -> the older TrainingArguments field that means the same; where the installed
 # transformers lacks the key (activation_checkpointing came in 5.2x), the recipe passes it under the older name
 # (recipes.common.build_config), so the shipped configs run on every transformers pyproject allows.
-TRAINER_ALIASES = {"activation_checkpointing": "gradient_checkpointing"}
+TRAINER_ALIASES = {"activation_checkpointing": "gradient_checkpointing",
+                   "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs"}
 
 
 def check_trainer(trainer: dict[str, Any], recipe: str, kinds: Mapping[str, str] | None
@@ -355,6 +356,9 @@ def check_trainer(trainer: dict[str, Any], recipe: str, kinds: Mapping[str, str]
         if msg:
             problems.append(Problem(where, msg))
         out[key] = value
+    for key, older in TRAINER_ALIASES.items():
+        if key in trainer and older in trainer:
+            problems.append(Problem(f"trainer.{older}", f"the same switch as trainer.{key}: give one of them"))
     return out, problems
 
 

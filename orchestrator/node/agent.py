@@ -208,6 +208,8 @@ class Agent:
         self.write_config()
         self.rd.mkdir(RunDir.HEARTBEATS)
         self.rd.mkdir(RunDir.LOGS)
+        for g in self.plan.node(self.rank).ranks:  # an earlier attempt's exit records never speak for this one
+            (self.rd.heartbeats / f"rank{g}.exit").unlink(missing_ok=True)
         argv = self.rd.bind(self.plan.node(self.rank).command)
         recipe = self.rd.path(RunDir.RECIPE)
         if recipe.exists() and RUN_DIR_VAR in (text := recipe.read_text()):  # staged paths (docs/staging.md)

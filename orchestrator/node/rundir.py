@@ -14,6 +14,8 @@ RUN_DIR/nodes/<R>/agent.json         AgentRecord: pids, groups, host, launch tok
 RUN_DIR/nodes/<R>/exit.json          ExitRecord: how node R's launch ended and why (node agent)
 RUN_DIR/logs/node<R>.log             node R's output (the backend)
 RUN_DIR/heartbeats/rank<G>.jsonl     per-rank heartbeat records, docs/CONTRACT.md (the ranks)
+RUN_DIR/heartbeats/rank<G>.exit      {"pid", "code"}: how rank G left Python's exit (its start-up hooks; removed
+                                     by the node agent before each launch)
 RUN_DIR/stacks/rank<G>.txt           py-spy stacks of a hung job's ranks (node agent / supervisor)
 ```
 

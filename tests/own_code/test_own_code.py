@@ -141,3 +141,4 @@ def test_builtin_recipe_with_hooks_on_path_writes_each_record_once(tiny_model, t
     recs = records(hb / "rank0.jsonl")
     assert [r["event"] for r in recs] == ["boot", "dist", "start"] + ["step"] * 4 + ["end"], recs
     assert [r["step"] for r in _steps(recs)] == [1, 2, 3, 4]
+    assert json.loads((hb / "rank0.exit").read_text())["code"] == 0  # recipes.run names its own exit code

@@ -10,6 +10,8 @@ import stat
 import subprocess
 import sys
 
+import pytest
+
 from own_code_helpers import CONTRACT_FIELDS, HERE, HOOKS_DIR, base_env, records
 
 PROBE = ("import json, os, sys; print('PROBE ' + json.dumps({'modules': sorted(m for m in sys.modules if m.startswith("
@@ -254,3 +256,25 @@ def test_exit_record_is_the_ranks_own(tmp_path):
                        env=base_env(ORCHESTRATE_HEARTBEAT_DIR=hb, RANK="2"))
     assert p.returncode == 3, p.stderr
     assert json.loads((hb / "rank2.exit").read_text()) == {"pid": int(p.stdout.split()[-1]), "code": 3}
+
+
+@pytest.mark.parametrize("code,rc,recorded", [
+    ("import sys; sys.exit(3)", 3, 3),
+    ("exit(4)", 4, 4),
+    ("import sys; sys.exit('bye')", 1, 1),
+    ("raise ValueError('x')", 1, 1),
+    ("import sys; sys.excepthook = lambda *a: None\nraise ValueError('x')", 1, 1),  # a replaced excepthook
+    ("raise SystemExit(5)", 5, None),  # raised by the script itself: not known
+    ("pass", 0, None),
+    ("import sys, threading\nt = threading.Thread(target=sys.exit, args=(7,)); t.start(); t.join()", 0, None),
+    ("import sys\ntry:\n    sys.exit(2)\nexcept SystemExit:\n    pass\nraise KeyboardInterrupt", -2, None),
+])
+def test_exit_record_codes(tmp_path, code, rc, recorded):
+    """What rank<G>.exit says: the code the main thread asked for, 1 after an uncaught exception whoever printed it,
+    null where it is not known (a thread's sys.exit ends only the thread; Ctrl-C ends the process by SIGINT)."""
+    hb = tmp_path / "hb"
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env=base_env(ORCHESTRATE_HEARTBEAT_DIR=hb, RANK="0"))
+    assert p.returncode == rc, p.stderr
+    rec = json.loads((hb / "rank0.exit").read_text())
+    assert rec == {"pid": rec["pid"], "code": recorded}

@@ -107,6 +107,42 @@ def test_recipe_passes_activation_checkpointing_under_the_older_name():
     assert older_names(New, {"activation_checkpointing": True}) == {"activation_checkpointing": True}
 
 
+def test_both_names_of_the_checkpointing_switch_are_refused():
+    d = copy.deepcopy(BASE)
+    d["trainer"].update(activation_checkpointing=True, gradient_checkpointing=False)
+    with pytest.raises(ConfigError) as e:
+        parse_recipe(d)
+    assert problems(e.value)["trainer.gradient_checkpointing"] == \
+        "the same switch as trainer.activation_checkpointing: give one of them"
+
+
+@pytest.mark.parametrize("fsdp_env,model,given,expect", [
+    ("true", "Qwen/Qwen2.5-0.5B", {}, False),        # FSDP checkpoints: TRL's default (on) turned off
+    ("", "Qwen/Qwen2.5-0.5B", {}, None),             # no FSDP checkpointing: TRL's default stands
+    ("", "tiny-llama", {}, False),                   # tiny models: off
+    ("true", "Qwen/Qwen2.5-0.5B", {"gradient_checkpointing": True}, None)])  # the user's own choice stands
+def test_recipe_checkpointing_default(monkeypatch, fsdp_env, model, given, expect):
+    """Under an FSDP profile that checkpoints activations (accelerate sets FSDP_ACTIVATION_CHECKPOINTING=true) the
+    recipes turn the Trainer's checkpointing off unless the user set it: transformers refuses both at once."""
+    from dataclasses import dataclass, field
+
+    from recipes.common import Runtime, build_config
+
+    @dataclass
+    class Config:  # stands in for a TRL config: takes what build_config passes
+        output_dir: str = ""
+        activation_checkpointing: bool | None = None
+        gradient_checkpointing: bool | None = None
+        report_to: str = ""
+        disable_tqdm: bool = False
+        model_init_kwargs: dict = field(default_factory=dict)
+
+    monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", fsdp_env)
+    cfg = {"recipe": "sft", "model": {"name_or_path": model}, "trainer": dict(given, output_dir="/tmp/out")}
+    c = build_config(Config, cfg, Runtime(accelerator="gpu", engine="fsdp", world_size=2, rank=0, pg_timeout_s=60))
+    assert c.activation_checkpointing is expect
+
+
 @pytest.mark.parametrize("key", ["activation_checkpointing", "gradient_checkpointing"])
 def test_double_activation_checkpointing_on_fsdp_is_refused(key):
     """transformers' Trainer raises at start-up when FSDP's own activation checkpointing and the training argument are

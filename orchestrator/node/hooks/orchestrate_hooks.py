@@ -22,14 +22,17 @@
         going on with the rest of the script (final save, evaluation, upload) of an unfinished run.
 A plain loop gets no signal handler: SIGTERM/SIGUSR2 keep their default action (the process ends), since nothing
 could save its state.
-- registers `_at_exit` as the first atexit handler (so it runs last, after the user's and the libraries'):
-  * writes the rank's exit record, ORCHESTRATE_HEARTBEAT_DIR/rank<G>.exit: {"pid", "code"}, where code is what the
-    script asked for through sys.exit / exit / quit (argparse and click call sys.exit), 1 after an uncaught
-    exception, or null when it is not known (the script ran to its end, or raised SystemExit itself). The node
-    agent reads it only when torchrun reaped the rank before the agent could read its exit status
-    (orchestrator.node.rankwatch); the pid ties it to this process, so a record of an earlier attempt never counts;
-  * where torch.distributed was imported, lets the process group's worker threads drop what they hold before the
-    interpreter finalizes (`_settle_at_exit`: without it a rank that ended well can die of SIGABRT at exit).
+- registers `_at_exit` at start-up, before the user's code, so it runs after every atexit handler the script and its
+  libraries register:
+  * writes the rank's exit record, ORCHESTRATE_HEARTBEAT_DIR/rank<G>.exit: {"pid", "code"}, where code is 1 after an
+    uncaught exception (sys.last_value, whoever's excepthook printed it), else what the main thread last asked for
+    through sys.exit / exit / quit (argparse and click call sys.exit) or a preempted / recipe exit named
+    (`exiting`), else null: not known (the script ran to its end, raised SystemExit itself, or was interrupted by
+    Ctrl-C, which Python turns into death by SIGINT). The node agent reads it only when torchrun reaped the rank
+    before the agent could read its exit status (orchestrator.node.rankwatch); the agent removes its ranks' records
+    before each launch and the pid ties one to its process;
+  * where torch (so torch.distributed) was imported, lets the process group's worker threads drop what they hold
+    before the interpreter finalizes (`_settle_at_exit`: without it a rank that ended well can die of SIGABRT).
 """
 
 from __future__ import annotations
@@ -239,7 +242,7 @@ def _leave_preempted(signum: int) -> None:
     except Exception as e:  # noqa: BLE001 - the checkpoint is saved: exit with the signal's code regardless
         _warn(f"process group teardown after preemption: {type(e).__name__}: {e}")
     _warn(f"rank {hb.env_rank()}: checkpoint saved after signal {signum}; exiting {128 + signum}")
-    _Exit.code = 128 + signum
+    exiting(128 + signum)
     _flush_stdio()
     try:
         atexit._run_exitfuncs()
@@ -274,8 +277,13 @@ def _runnable_threads() -> int:
 
 
 class _Exit:
-    code: int | None = None  # what the script asked for (sys.exit / exit / quit, 1 after an uncaught exception)
+    code: int | None = None  # what the main thread asked for (sys.exit / exit / quit, or `exiting`)
     pid = 0  # the hooked rank (a forked child that exits through Python writes no record in its name)
+
+
+def exiting(code: int) -> None:
+    """Name the code this rank is about to leave with through os._exit (after running the atexit handlers)."""
+    _Exit.code = code
 
 
 def _exit_code(status) -> int:
@@ -287,40 +295,39 @@ def _exit_code(status) -> int:
     return 1  # any other object is printed to stderr and exits 1
 
 
+def _asked(status) -> None:
+    import threading
+
+    if threading.current_thread() is threading.main_thread():  # elsewhere SystemExit ends only that thread
+        _Exit.code = _exit_code(status)
+
+
 def _watch_exit() -> None:
-    """Remember the code the script asks for: wrap sys.exit, the exit / quit builtins and sys.excepthook."""
+    """Remember the code the script asks for: wrap sys.exit and the exit / quit builtins."""
     import builtins
 
     _Exit.pid = os.getpid()
-
     real_exit = sys.exit
 
     def exit(status=None):  # stands in for sys.exit
-        _Exit.code = _exit_code(status)
+        _asked(status)
         real_exit(status)
 
-    exit.__doc__ = real_exit.__doc__
+    exit.__doc__, exit.__module__, exit.__qualname__ = real_exit.__doc__, "sys", "exit"
     sys.exit = exit
     for name in ("exit", "quit"):
         quitter = getattr(builtins, name, None)
         if quitter is not None and callable(quitter):
             setattr(builtins, name, _quitter(quitter))
-    real_hook = sys.excepthook
-
-    def excepthook(kind, value, tb):
-        _Exit.code = 1
-        real_hook(kind, value, tb)
-
-    sys.excepthook = excepthook
 
 
 def _quitter(quitter):
-    class Quitter(type(quitter)):
-        def __call__(self, code=None):
-            _Exit.code = _exit_code(code)
-            return quitter(code)
-
     try:
+        class Quitter(type(quitter)):
+            def __call__(self, code=None):
+                _asked(code)
+                return quitter(code)
+
         q = Quitter.__new__(Quitter)
         q.__dict__.update(getattr(quitter, "__dict__", {}))
         return q
@@ -328,16 +335,23 @@ def _quitter(quitter):
         return quitter
 
 
+def _final_code() -> int | None:
+    last = getattr(sys, "last_value", None)  # set by the interpreter for the exception that ended the script
+    if last is not None and not isinstance(last, SystemExit):
+        return None if isinstance(last, KeyboardInterrupt) else 1
+    return _Exit.code
+
+
 def _write_exit_record() -> None:
     hb_dir = os.environ.get("ORCHESTRATE_HEARTBEAT_DIR")
     if not hb_dir or os.getpid() != _Exit.pid:
         return
     path = os.path.join(hb_dir, f"rank{hb.env_rank()}.exit")
+    code = _final_code()
     try:
         fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
         try:
-            os.write(fd, ('{"pid": %d, "code": %s}\n' % (os.getpid(), "null" if _Exit.code is None
-                                                          else _Exit.code)).encode())
+            os.write(fd, ('{"pid": %d, "code": %s}\n' % (os.getpid(), "null" if code is None else code)).encode())
         finally:
             os.close(fd)
         os.replace(path + ".tmp", path)
@@ -473,7 +487,7 @@ def install() -> None:
     _installed = True
     import atexit
 
-    atexit.register(_at_exit)  # first registered, so it runs last
+    atexit.register(_at_exit)  # before the user's code: runs after the handlers the script and its libraries add
     _watch_exit()
     if not any(a == "recipes.run" for a in getattr(sys, "orig_argv", ())):  # recipes.run writes its own
         hb.mark("boot", proc_start=_process_start_time())
