@@ -86,7 +86,7 @@ def leave(code: int) -> None:
     import atexit
 
     hooks = sys.modules.get("orchestrate_hooks")  # orchestrate's start-up hooks, when on the path
-    if hooks is not None and hasattr(hooks, "exiting"):
+    if hooks is not None:
         hooks.exiting(code)  # the exit record names the code (orchestrator.node.rankwatch)
     sys.stdout.flush()
     sys.stderr.flush()

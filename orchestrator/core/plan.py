@@ -24,7 +24,7 @@ from orchestrator.errors import ConfigError, Problem
 from orchestrator.core.health import HealthSpec
 from orchestrator.core.jobplan import LATE_IFNAME, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan, NodePlan
 from orchestrator.core.schema import is_secret_name
-from orchestrator.core.spec import ClusterSpec, JobSpec, RecipeSpec, RunJobSpec, run_settings
+from orchestrator.core.spec import TRAINER_ALIASES, ClusterSpec, JobSpec, RecipeSpec, RunJobSpec, run_settings
 
 # accelerate's ClusterConfig fields (accelerate/commands/config/config_args.py); a unit test keeps this in sync.
 ACCELERATE_KEYS = frozenset({
@@ -193,11 +193,11 @@ def _rules(recipe: JobSpec, par: dict[str, int], dist: str, facts: PlanFacts, pr
             if v is not None and (not isinstance(v, int) or v % divisor):
                 problems.append(Problem(where.get(key, f"trainer.{key}"), f"must be divisible by {why}, got {v!r}"))
     fsdp_ac = (facts.profile_config.get("fsdp_config") or {}).get("fsdp_activation_checkpointing")
-    for key in ("activation_checkpointing", "gradient_checkpointing"):  # the same switch (spec.TRAINER_ALIASES)
-        if dist == "FSDP" and fsdp_ac and t.get(key) is True:
-            problems.append(Problem(where.get(key, f"trainer.{key}"),
-                                    "the FSDP profile already checkpoints activations (fsdp_activation_checkpointing); "
-                                    "turn one of them off"))
+    if dist == "FSDP" and fsdp_ac:
+        for key in ("activation_checkpointing", TRAINER_ALIASES["activation_checkpointing"]):  # one switch, two names
+            if t.get(key) is True:
+                problems.append(Problem(where.get(key, f"trainer.{key}"), "the FSDP profile already checkpoints "
+                                        "activations (fsdp_activation_checkpointing); turn one of them off"))
     heads = (facts.model_facts or {}).get("num_attention_heads")
     kv = (facts.model_facts or {}).get("num_key_value_heads")
     for size, name in ((sp, "sp"), (tp, "tp")):
