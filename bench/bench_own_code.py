@@ -6,8 +6,11 @@ callback of its own that prints when its first optimizer step ended) is the same
 
     python bench/bench_own_code.py [--repeat 8] [--steps 4]
 
-Reports each side's median, the ratio of medians and the paired ratios' median and range (goal <= 1.0).
-Results: bench/results/own_code.json.
+Reports each side's median, the ratio of medians and the paired ratios' median and range (goal <= 1.0), and where
+the time goes, per side, from the kernel's process start times: dispatch (submit -> each node's `accelerate launch`
+process exists; 0 for the hand-run, which starts them itself), launcher (-> the last rank process exists: accelerate
+and torchrun start-up, rendezvous), ranks (-> first optimizer step ended on rank 0: imports, orchestrate's pre-flight
+and hooks, model and data, the step). Results: bench/results/own_code.json.
 """
 
 from __future__ import annotations
@@ -29,7 +32,11 @@ def first_step_script(user: Path) -> str:
     """A wrapper that runs `user` (a Trainer script) as __main__ and prints USER_FIRST_STEP <time> on rank 0 when its
     first optimizer step has ended."""
     return '''
-import sys, time, runpy
+import os, sys, time, runpy
+def _start():  # when the kernel created this process (field 22 of /proc/self/stat, against /proc/uptime)
+    ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+    return time.time() - (float(open("/proc/uptime").read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
+print(f"USER_PROC_START {_start():.6f} {os.environ.get('RANK')}", flush=True)
 from transformers import TrainerCallback, Trainer
 class FirstStep(TrainerCallback):
     done = False
@@ -52,6 +59,18 @@ def first_step(text: str) -> float:
     return float(m.group(1))
 
 
+def rank_start(text: str, ranks: int = 2) -> float:
+    """When the last rank's process was created (each rank prints USER_PROC_START)."""
+    found = [float(x) for x in re.findall(r"USER_PROC_START (\d+\.\d+)", text)]
+    assert len(found) == ranks, text[-3000:]
+    return max(found)
+
+
+def phases(t0: float, launchers: list[float], ranks: float, first: float) -> dict[str, float]:
+    return {"dispatch": max(launchers) - t0, "launcher": ranks - max(launchers), "ranks": first - ranks,
+            "total": first - t0}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=8)
@@ -63,6 +82,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     os.environ.update(OFFLINE)
     from recipes.tiny import resolve_model_path
+    from orchestrator.node.proctools import process_start_time
     model = resolve_model_path("tiny-llama")
     script = tmp / "train.py"
     script.write_text(first_step_script(REPO / "tests" / "faults" / "user_train.py"))
@@ -81,7 +101,10 @@ def main() -> int:
         r = subprocess.run([*cli, "submit", str(job(f"ours{i}")), "--nodes", "2"], capture_output=True, text=True,
                            env=env, cwd=REPO, timeout=600)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-        return first_step(r.stdout) - t0
+        run_dir = Path(re.search(r"run dir (\S+)", r.stdout).group(1))
+        launchers = [json.loads((run_dir / "nodes" / str(n) / "agent.json").read_text())["proc_start"]
+                     for n in range(2)]
+        return phases(t0, launchers, rank_start(r.stdout), first_step(r.stdout))
 
     def anchor(i: int) -> float:
         d = tmp / f"anchor{i}"
@@ -95,28 +118,37 @@ def main() -> int:
                                    str(tmp / f"anchor{i}" / "out"), str(args.steps)],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=node_env)
                  for rank in range(2)]
+        launchers = [process_start_time(p.pid) or t0 for p in procs]
         outs = [p.communicate(timeout=600)[0] for p in procs]
         assert all(p.returncode == 0 for p in procs), outs[0][-2000:]
-        return first_step(outs[0]) - t0
+        return phases(t0, launchers, rank_start(outs[0] + outs[1]), first_step(outs[0]))
 
     # as installed by pip (which byte-compiles): orchestrate's own modules load from .pyc in the CLI, the node agents
     # and the ranks' hooks, whatever PYTHONDONTWRITEBYTECODE says (the user's script is compiled alike on both sides)
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "orchestrator"), str(REPO / "recipes")],
                    check=True)
     ours(99)  # warm the caches (model, datasets, page cache) for both sides
-    runs = {"ours": [], "anchor": []}
+    runs: dict[str, list[dict[str, float]]] = {"ours": [], "anchor": []}
     for i in range(args.repeat):  # interleaved, ABBA (which side goes first alternates): drift hits both alike
         for side in (("anchor", "ours") if i % 2 == 0 else ("ours", "anchor")):
             runs[side].append((anchor if side == "anchor" else ours)(i))
-        print(f"run {i}: ours {runs['ours'][-1]:.2f}s anchor {runs['anchor'][-1]:.2f}s", flush=True)
-    med = {k: statistics.median(v) for k, v in runs.items()}
-    paired = sorted(o / a for o, a in zip(runs["ours"], runs["anchor"], strict=True))
-    result = {"repeat": args.repeat, "steps": args.steps, "first_step_s": med, "ratio": med["ours"] / med["anchor"],
+        print(f"run {i}: " + "; ".join(f"{side} {r[-1]['total']:.2f}s (" + ", ".join(
+            f"{k} {v:.2f}" for k, v in r[-1].items() if k != "total") + ")" for side, r in runs.items()), flush=True)
+    med = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items()}
+    paired = sorted(o["total"] / a["total"] for o, a in zip(runs["ours"], runs["anchor"], strict=True))
+    extra = {k: sorted(o[k] - a[k] for o, a in zip(runs["ours"], runs["anchor"], strict=True))
+             for k in ("dispatch", "launcher", "ranks")}
+    result = {"repeat": args.repeat, "steps": args.steps, "machine": f"{os.cpu_count()} cores",
+              "first_step_s": {side: m["total"] for side, m in med.items()}, "phases_median_s": med,
+              "ratio": med["ours"]["total"] / med["anchor"]["total"],
               "paired_ratio_median": statistics.median(paired), "paired_ratio_range": [paired[0], paired[-1]],
-              "runs": runs}
-    print(f"own code, time to first step (median of {args.repeat}): ours {med['ours']:.2f}s, hand-run accelerate "
-          f"launch {med['anchor']:.2f}s, ratio of medians {result['ratio']:.3f}; paired median "
+              "paired_extra_s_median": {k: statistics.median(v) for k, v in extra.items()},
+              "paired_extra_s_range": {k: [v[0], v[-1]] for k, v in extra.items()}, "runs": runs}
+    print(f"own code, time to first step (median of {args.repeat}): ours {med['ours']['total']:.2f}s, hand-run "
+          f"accelerate launch {med['anchor']['total']:.2f}s, ratio of medians {result['ratio']:.3f}; paired median "
           f"{result['paired_ratio_median']:.3f}, range {paired[0]:.3f}-{paired[-1]:.3f} (goal <= 1.0)")
+    print("ours minus hand-run, paired, median (range): " + ", ".join(
+        f"{k} {statistics.median(v):+.2f}s ({v[0]:+.2f} to {v[-1]:+.2f})" for k, v in extra.items()))
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "own_code.json").write_text(json.dumps(result, indent=2) + "\n")
