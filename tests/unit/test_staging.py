@@ -212,6 +212,43 @@ def test_hash_cache_reads_an_unchanged_file_once(tmp_path):
     assert c2.sha(f)[0] == _sha(b"abcd")
 
 
+
+def test_hash_cache_forgets_what_no_submit_used_for_a_while(tmp_path, monkeypatch):
+    """The cache is pruned when saved: entries not used for KEEP_DAYS go (files deleted or moved away, old runs'
+    checkpoints), and past MAX_ENTRIES the least recently used go first; a hit refreshes its entry at most once a
+    day, so an unchanged tree does not rewrite the file on every submit."""
+    files = []
+    for i in range(4):
+        f = tmp_path / f"f{i}"
+        f.write_bytes(b"x%d" % i)
+        files.append(f)
+    now = [1_000_000.0 * 86400]
+    monkeypatch.setattr(st.time, "time", lambda: now[0])
+    c = st.HashCache(tmp_path / "h.json")
+    for f in files:
+        c.sha(f)
+    c.data["/gone/legacy"] = [1, 2, 3, "old entry without a day"]  # written by an older orchestrate: kept for now
+    c.save()
+    now[0] += (st.HashCache.KEEP_DAYS - 1) * 86400
+    c = st.HashCache(tmp_path / "h.json")
+    c.sha(files[0])  # used again: refreshed
+    assert c.dirty
+    c.save()
+    c = st.HashCache(tmp_path / "h.json")
+    c.sha(files[0])  # the same day: nothing to write
+    assert not c.dirty
+    now[0] += 2 * 86400  # files 1-3 and the legacy entry are now unused for more than KEEP_DAYS
+    c = st.HashCache(tmp_path / "h.json")
+    c.sha(files[1])
+    c.save()
+    assert set(json.loads((tmp_path / "h.json").read_text())) == {str(files[0]), str(files[1])}
+    monkeypatch.setattr(st.HashCache, "MAX_ENTRIES", 1)
+    now[0] += 86400
+    c = st.HashCache(tmp_path / "h.json")
+    c.sha(files[2])
+    c.save()
+    assert set(json.loads((tmp_path / "h.json").read_text())) == {str(files[2])}  # the most recently used
+
 def test_the_node_package_is_the_installed_orchestrator_and_recipes(tmp_path):
     t = st.package_tree(st.HashCache(None))
     rels = {e[0] for e in t.entries}

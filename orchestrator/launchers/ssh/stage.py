@@ -289,7 +289,12 @@ def _each_node(launch):
 # ----------------------------------------------------------------------------------------- content hashes
 
 class HashCache:
-    """sha256 of local files, remembered by (path, size, mtime_ns, inode): an unchanged file is not read again."""
+    """sha256 of local files, remembered by (path, size, mtime_ns, inode): an unchanged file is not read again.
+    Each entry also keeps the day it was last used; saving forgets entries unused for KEEP_DAYS and, past
+    MAX_ENTRIES, the least recently used (files deleted or moved away must not grow the file forever)."""
+
+    KEEP_DAYS = 30
+    MAX_ENTRIES = 1_000_000
 
     def __init__(self, path: Path | None):
         self.path = path
@@ -306,8 +311,13 @@ class HashCache:
         """(sha256, size, mode) of a file (links followed)."""
         st = full.stat()
         key = str(full)
+        today = self._today()
         hit = self.data.get(key)
         if hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns and hit[2] == st.st_ino:
+            if hit[4:] != [today]:  # refreshed once a day: an unchanged tree does not rewrite the file every submit
+                with self._lock:
+                    self.data[key] = hit[:4] + [today]
+                    self.dirty = True
             return hit[3], st.st_size, st.st_mode
         h = hashlib.sha256()
         with open(full, "rb") as fh:
@@ -315,9 +325,23 @@ class HashCache:
                 h.update(block)
         digest = h.hexdigest()
         with self._lock:
-            self.data[key] = [st.st_size, st.st_mtime_ns, st.st_ino, digest]
+            self.data[key] = [st.st_size, st.st_mtime_ns, st.st_ino, digest, today]
             self.dirty = True
         return digest, st.st_size, st.st_mode
+
+    @staticmethod
+    def _today() -> int:
+        return int(time.time() // 86400)
+
+    def _pruned(self) -> dict[str, list]:
+        """The entries to keep: used within KEEP_DAYS (an entry of an older orchestrate, without a day, counts as
+        used today), the most recently used MAX_ENTRIES of them."""
+        today = self._today()
+        days = {k: (v[4] if len(v) > 4 and isinstance(v[4], int) else today) for k, v in self.data.items()}
+        keep = [k for k, d in days.items() if d >= today - self.KEEP_DAYS]
+        if len(keep) > self.MAX_ENTRIES:
+            keep = sorted(keep, key=days.__getitem__, reverse=True)[:self.MAX_ENTRIES]
+        return {k: self.data[k][:4] + [days[k]] for k in keep}
 
     def save(self) -> None:
         if not self.dirty or self.path is None:
@@ -326,6 +350,8 @@ class HashCache:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             tmp = self.path.with_suffix(f".tmp{os.getpid()}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with self._lock:
+                self.data = self._pruned()
             with os.fdopen(fd, "w") as fh:
                 json.dump(self.data, fh)
             os.replace(tmp, self.path)
