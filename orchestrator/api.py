@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator.errors import ConfigError, OrchestratorError, Problem
+from orchestrator.errors import ConfigError, OrchestratorError, Problem, SubmitCancelled
 from orchestrator.launchers import launcher_for
 from orchestrator.node.rundir import RunDir
 from orchestrator.supervise import RestartPolicy, Supervisor
@@ -466,7 +466,9 @@ def _run_once(prepared: Prepared, launcher, sup: Supervisor, store, rd: RunDir, 
     if on_event and attempt == 0:
         on_event("submitting", {"job_id": plan.job_id, "run_dir": str(rd.root)})
     try:
-        running = launcher.submit(submission, rd)
+        running = launcher.submit(submission, rd, cancel=sup.cancel)
+    except SubmitCancelled as e:  # Ctrl-C / cancel while the backend was still starting it: nothing runs
+        return JobResult(JobState.CANCELLED, 130, sup.cancel_reason or str(e))
     except Exception as e:
         store.update(plan.job_id, JobState.FAILED, detail=str(e)[:500], root_cause=str(e)[:500])
         raise
@@ -539,9 +541,21 @@ def status(job: str):
     return reconcile(_record(job))
 
 
+RECONCILE_THREADS = 8
+
+
 def jobs(limit: int = 20) -> list:
+    """The latest `limit` records, each reconciled. The backends of the jobs nobody supervises are asked at once (up
+    to RECONCILE_THREADS at a time): hosts that do not answer cost one connect timeout, not one each."""
+    from concurrent.futures import ThreadPoolExecutor
     from orchestrator.store import JobStore
-    return [reconcile(r)[0] for r in JobStore().list(limit)]
+    recs = JobStore().list(limit)
+    asked = [r for r in recs if not is_terminal(r.state)]
+    if len(asked) <= 1:
+        return [reconcile(r)[0] for r in recs]
+    with ThreadPoolExecutor(min(RECONCILE_THREADS, len(asked)), thread_name_prefix="reconcile") as ex:
+        fresh = dict(zip((r.id for r in asked), ex.map(lambda r: reconcile(r)[0], asked), strict=True))
+    return [fresh.get(r.id, r) for r in recs]
 
 
 def logs(job: str, node: int | None = None):

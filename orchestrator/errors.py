@@ -67,5 +67,12 @@ class LaunchError(OrchestratorError):
         super().__init__(f"{where}{message}")
 
 
+class SubmitCancelled(OrchestratorError):
+    """The user cancelled (Ctrl-C, `orchestrate cancel`) while the backend was still starting the job (staging,
+    pre-flight): it stopped there, before any node started, and nothing of the job runs. Exit 130."""
+
+    exit_code = 130
+
+
 class PreflightError(ConfigError):
     """A host or cluster is not usable (unreachable, bad key, no python...). Exit 2, nothing started."""

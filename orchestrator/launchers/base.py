@@ -2,9 +2,12 @@
 
 - `prepare(plan) -> Submission`: pure. Exactly what runs (each node agent's argv, files, backend extras);
   `render` / `submit --dry-run` print it.
-- `submit(submission, run_dir) -> Running`: starts it; the returned object reports events to the one
+- `submit(submission, run_dir, cancel) -> Running`: starts it; the returned object reports events to the one
   `orchestrator.supervise.Supervisor` and acts when told (stop, hang diagnosis). Backends observe and report;
-  they decide nothing.
+  they decide nothing. `cancel` (the supervisor's event) is set when the user cancels during the start: a backend
+  whose start can take long (SSH: staging, connecting, the hosts' pre-flight) stops waiting within a poll, leaves
+  nothing started and raises `SubmitCancelled`; one whose start is immediate (local, SLURM's sbatch) may ignore
+  it, the supervisor then stops the job as soon as it has it.
 - `status(handle, run_dir) -> JobStatus`, `cancel(handle, run_dir)`, `logs(handle, run_dir, node)`: from any
   process, rebuilt from the store's record (the run dir's cluster.json and handle.json).
 
@@ -13,6 +16,7 @@ A backend never builds shell strings from user data except at its single remote 
 
 from __future__ import annotations
 
+import threading
 from typing import Iterator, Protocol
 
 from orchestrator.core.jobplan import LaunchPlan
@@ -26,7 +30,7 @@ class Launcher(Protocol):
 
     def prepare(self, plan: LaunchPlan) -> Submission: ...
 
-    def submit(self, submission: Submission, run_dir: RunDir) -> Running: ...
+    def submit(self, submission: Submission, run_dir: RunDir, cancel: threading.Event | None = None) -> Running: ...
 
     def status(self, handle: JobHandle, run_dir: RunDir) -> JobStatus: ...
 

@@ -44,7 +44,8 @@ class LocalLauncher:
                                   env={}, secret_env=plan.secret_env) for n in plan.node_plans)
         return Submission(kind=self.kind, run_dir=plan.run_dir, nodes=nodes)
 
-    def submit(self, submission: Submission, run_dir: RunDir) -> "LocalJob":
+    def submit(self, submission: Submission, run_dir: RunDir, cancel: threading.Event | None = None) -> "LocalJob":
+        """Starts every node agent at once (nothing to cancel part-way: the supervisor stops them)."""
         return LocalJob(submission, run_dir, self.grace)
 
     def status(self, handle: JobHandle, run_dir: RunDir) -> JobStatus:

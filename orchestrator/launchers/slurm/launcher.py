@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -168,7 +169,8 @@ class SlurmLauncher:
         raise ConfigError(Problem(where, f"SLURM rejects the job: {err}"), source=getattr(self.cluster, "source", None))
 
     # -------------------------------------------------------------- side effects
-    def submit(self, submission: Submission, run_dir: RunDir) -> "SlurmJob":
+    def submit(self, submission: Submission, run_dir: RunDir, cancel: threading.Event | None = None) -> "SlurmJob":
+        """One sbatch (nothing to cancel part-way: the supervisor scancels the job it returns)."""
         run_dir.mkdir(RunDir.LOGS)
         run_dir.write_files(submission.files)
         self.preflight(run_dir.path(RunDir.SBATCH))

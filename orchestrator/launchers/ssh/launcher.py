@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import replace
 from typing import Any, Iterator
@@ -188,6 +189,7 @@ class SSHLauncher:
             raise PreflightError(Problem(getattr(e, "filename", None) or "staging",
                                          f"cannot read: {e.strerror}")) from None
         cache.save()
+        pool.check_cancel()  # hashing a large tree takes a while
         job = sub.extra["job_id"]
         links = {f"runs/{job}/staged/{t.label}": t.sha for t in trees[1:]}
         links[f"runs/{job}/output"] = layout.output_key
@@ -220,14 +222,20 @@ class SSHLauncher:
         return replace(sub, nodes=tuple(nodes), extra=extra), report, stager.sessions
 
     # ------------------------------------------------------------------ submit
-    def submit(self, submission: Submission, run_dir: RunDir) -> SSHJob:
+    def submit(self, submission: Submission, run_dir: RunDir, cancel: threading.Event | None = None) -> SSHJob:
+        """Stage (private hosts), pre-flight every host, copy the run dir, then start every agent at once. Until that
+        start, `cancel` set (Ctrl-C) stops it within a poll: every connection closed, so each host's waiting agent
+        stands down, and SubmitCancelled raised; after it the supervisor stops the job."""
         sub, local = submission, run_dir
         t0 = time.time()
         pool, staged, sessions = self.pool(), None, None
+        pool.cancel = cancel
         try:
             if sub.extra.get("package") and not sub.extra["shared_fs"]:
                 sub, staged, sessions = self.stage(sub, local, pool)
+                pool.check_cancel()
             pool, probes = self.preflight(sub, local, pool, sessions)
+            pool.check_cancel()
         except BaseException:
             for session in (sessions or {}).values():
                 session.close()
@@ -261,6 +269,8 @@ class SSHLauncher:
                     h, e = errs[0]
                     raise LaunchError(f"copying the run dir failed: {e}", host=h)
             timeline["copied"] = time.time()
+            pool.check_cancel()
+            pool.cancel = None  # from here on the job starts: the supervisor stops it
             secrets = {name: os.environ[name] for n in sub.nodes for name in n.secret_env if name in os.environ}
             for name in DEFAULT_SECRETS:
                 if name in os.environ:

@@ -23,11 +23,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import paramiko
 
 from orchestrator.core.spec import SSHSpec
+from orchestrator.errors import SubmitCancelled
 
 # paramiko logs protocol oddities of a dying link ("Success for unrequested channel!") at ERROR: they reach nobody.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 POOL_THREADS = 16
+CANCEL_POLL_S = 0.1
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -234,6 +236,15 @@ class Pool:
         self.threads = threads
         self.conns: dict[str, Connection] = {}
         self._lock = threading.Lock()
+        # set by a submit while nothing of its job runs yet: once the event is set, map() stops waiting within
+        # CANCEL_POLL_S, closes every connection and raises SubmitCancelled (see check_cancel)
+        self.cancel: threading.Event | None = None
+
+    def check_cancel(self) -> None:
+        """Raise SubmitCancelled, every connection closed, when the pool's cancel event is set."""
+        if self.cancel is not None and self.cancel.is_set():
+            self.close()
+            raise SubmitCancelled("cancelled while the job was being started: nothing of it runs")
 
     # ------------------------------------------------------------------ connecting
     def connect(self, host: str) -> Connection:
@@ -276,6 +287,9 @@ class Pool:
             t.close()
             raise
         conn = Connection(host, t, o.connect_timeout)
+        if self.cancel is not None and self.cancel.is_set():  # a connect that outlived a cancelled map
+            conn.close()
+            raise HostError(host, "cancelled")
         with self._lock:
             old = self.conns.pop(host, None)
             self.conns[host] = conn
@@ -284,7 +298,8 @@ class Pool:
         return conn
 
     def map(self, fn: Callable[[str], Any], hosts: Iterable[str]) -> dict[str, Any]:
-        """fn(host) on every host in the pool's threads: {host: result or the exception raised}."""
+        """fn(host) on every host in the pool's threads: {host: result or the exception raised}. With a cancel event
+        (`self.cancel`) the calling thread only waits, and raises SubmitCancelled as soon as the event is set."""
         hosts = list(hosts)
 
         def safe(h: str) -> Any:
@@ -293,10 +308,38 @@ class Pool:
             except Exception as e:  # noqa: BLE001 - reported per host
                 return e
 
+        if self.cancel is not None:
+            return self._map_cancellable(safe, hosts)
         if len(hosts) <= 1:
             return {h: safe(h) for h in hosts}
         with ThreadPoolExecutor(min(self.threads, len(hosts)), thread_name_prefix="ssh") as ex:
             return dict(zip(hosts, ex.map(safe, hosts), strict=True))
+
+    def _map_cancellable(self, safe: Callable[[str], Any], hosts: list[str]) -> dict[str, Any]:
+        """map() in daemon threads, the caller polling the cancel event: a host that never answers (a connect or a
+        read waiting out its timeout) neither delays the cancel nor keeps the process alive after it."""
+        self.check_cancel()
+        todo, results, lock, done = list(reversed(hosts)), {}, threading.Lock(), threading.Event()
+
+        def work() -> None:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    host = todo.pop()
+                result = safe(host)
+                with lock:
+                    results[host] = result
+                    if len(results) == len(hosts):
+                        done.set()
+
+        if not hosts:
+            return {}
+        for i in range(min(self.threads, len(hosts))):
+            threading.Thread(target=work, daemon=True, name=f"ssh-{i}").start()
+        while not done.wait(CANCEL_POLL_S):
+            self.check_cancel()
+        return {h: results[h] for h in hosts}
 
     def connect_all(self, hosts: Iterable[str]) -> dict[str, Connection | Exception]:
         return self.map(self.connect, hosts)
