@@ -425,8 +425,8 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
                 result = JobResult(JobState.CANCELLED, 130, sup.cancel_reason)
                 break
             result = _run_once(prepared, launcher, sup, store, rd, attempt, on_event)
-            if result.state in (JobState.COMPLETED, JobState.CANCELLED) or sup.cancel.is_set():
-                break
+            if result.state in (JobState.COMPLETED, JobState.CANCELLED, JobState.RUNNING) or sup.cancel.is_set():
+                break  # RUNNING: detached, the backend runs it on (status / ls ask it and record its end)
             ok, why = policy.record(rd, attempt, result.root_cause, counted=attempt)
             if not ok:
                 if plan.health.max_restarts:
@@ -447,8 +447,11 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
             pass
         raise
     restarts = restart_count(rd)
-    store.update(plan.job_id, result.state, detail=result.root_cause or None, exit_code=result.returncode,
-                 root_cause=result.root_cause or None, restarts=restarts)
+    if result.state == JobState.RUNNING:  # detached: no end to record yet
+        store.update(plan.job_id, JobState.RUNNING, detail=result.root_cause or None, restarts=restarts)
+    else:
+        store.update(plan.job_id, result.state, detail=result.root_cause or None, exit_code=result.returncode,
+                     root_cause=result.root_cause or None, restarts=restarts)
     return dataclasses.replace(result, restarts=restarts)
 
 

@@ -231,7 +231,8 @@ def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str |
 @dataclass
 class Supervisor:
     """Runs one attempt of a job to its end. `cancel` (set from a signal handler or another thread) carries the
-    reason of a user's cancel; Ctrl-C raising KeyboardInterrupt in the loop counts as one too."""
+    reason of a user's cancel; Ctrl-C raising KeyboardInterrupt in the loop counts as one too. `detach` stops
+    watching and leaves the job running (SLURM runs it on without the submitter): run() returns a RUNNING result."""
 
     plan: LaunchPlan
     on_line: Callable[[int, str], None] | None = None
@@ -241,10 +242,16 @@ class Supervisor:
     lost_after: float = 15.0  # after a teardown, a node that has not ended this much past the grace is lost
     cancel: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = "cancelled"
+    detach: threading.Event = field(default_factory=threading.Event)
+    detach_reason: str = ""
 
     def request_cancel(self, reason: str) -> None:
         self.cancel_reason = reason
         self.cancel.set()
+
+    def request_detach(self, reason: str) -> None:
+        self.detach_reason = reason
+        self.detach.set()
 
     def run(self, job: Running) -> JobResult:
         monitor = HealthMonitor(self.plan.health, self.plan.world_size, started=time.time())
@@ -288,6 +295,8 @@ class Supervisor:
                     if self.cancel.is_set() and not cancel:
                         cancel = self.cancel_reason
                         teardown(cancel, grace, set(job.nodes) - set(ends))
+                    if self.detach.is_set() and torn_down_at is None:
+                        return JobResult(JobState.RUNNING, 0, self.detach_reason)
                     if torn_down_at is None and now >= next_check:
                         next_check = now + every
                         stalls = [s for s in monitor.stalls(now) if s.silent_s > s.limit_s + hang_margin]

@@ -169,6 +169,12 @@ def cmd_submit(args) -> int:
         progress.close()
         forget_self(prepared.plan.job_id)
     job = prepared.plan.job_id
+    if result.state == "RUNNING":  # detached (SIGHUP on SLURM): the terminal is gone, nobody may read this
+        try:
+            print(f"job {job} RUNNING: {result.root_cause}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
+        return 129
     if result.state == "COMPLETED":
         from orchestrator.cli.views import completed_text
         print(completed_text(job, result_line))
@@ -177,14 +183,32 @@ def cmd_submit(args) -> int:
     return 130 if result.state == "CANCELLED" else 1
 
 
+def _quiet() -> None:
+    """stdout and stderr to /dev/null (what is left of a hung-up terminal answers writes with EIO)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    except OSError:
+        pass
+
+
 def _supervisor_signals(sup, run_dir: str) -> None:
     """The supervising process installs its own handlers whatever it inherited (a background launch arrives with
     SIGINT ignored): Ctrl-C / SIGINT, SIGTERM (what `orchestrate cancel` sends, after writing its request in the run
-    dir) and SIGHUP (the terminal went away) all make the supervisor cancel the job: every node stopped, recorded."""
+    dir) and SIGHUP (the terminal went away) all make the supervisor cancel the job: every node stopped, recorded.
+    Except SIGHUP on SLURM: the job runs on in its allocation (its node agents judge hangs there), so a dropped
+    login session only ends the watching, as it would for sbatch; `orchestrate status` / `ls` then ask SLURM."""
     import signal as _signal
     from orchestrator.node.rundir import RunDir
 
     def handler(signum, _frame) -> None:
+        if signum == _signal.SIGHUP and sup.plan.cluster_kind == "slurm":
+            _quiet()  # the terminal is gone: a write to it (EIO) must not fail the watching and scancel the job
+            sup.request_detach("the submitting terminal hung up (SIGHUP): the job runs on under SLURM; "
+                               "`orchestrate status` asks SLURM")
+            return
         req = RunDir(run_dir).cancel_request() if signum == _signal.SIGTERM else None
         why = (req or {}).get("by") or {_signal.SIGINT: "interrupted (Ctrl-C) on the submit host",
                                         _signal.SIGHUP: "the submitting terminal hung up (SIGHUP)"}.get(

@@ -145,6 +145,35 @@ def test_ctrl_c_stops_everything(tmp_path, job_guard):
     wait_gone(pids, 10)
 
 
+
+def test_sighup_of_the_submit_cancels_a_local_job(tmp_path, job_guard):
+    """The submitting terminal hangs up: on the local backend nothing could run on without the submitter, so the
+    job is cancelled, recorded with the reason, every process gone (on SLURM it runs on: tests/slurm)."""
+    import yaml
+    from orchestrator.store import JobStore
+    script = tmp_path / "loop.py"
+    script.write_text("import os, time\nprint('LOOPING', os.getpid(), flush=True)\nwhile True:\n    time.sleep(0.2)\n")
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump({"run": {"script": str(script)}}))
+    home = job_guard.home(tmp_path / "home")
+    proc = job_guard.spawn([sys.executable, "-m", "orchestrator.cli", "submit", str(job_file)],
+                           env={**os.environ, "ORCHESTRATE_HOME": str(home)}, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)  # SIGHUP at its default: the CLI installs its own
+    lines, rank_pid = [], None
+    for line in proc.stdout:
+        lines.append(line)
+        if "LOOPING" in line:
+            rank_pid = int(line.split()[-1])
+            break
+    assert rank_pid, "".join(lines) + proc.communicate(timeout=60)[0]
+    proc.send_signal(signal.SIGHUP)
+    out = "".join(lines) + proc.communicate(timeout=30)[0]
+    assert proc.returncode == 130, out[-3000:]
+    assert "CANCELLED: the submitting terminal hung up (SIGHUP)" in out, out[-3000:]
+    job = next(line.split()[1].rstrip(":") for line in lines if ": run dir " in line)
+    assert JobStore(home / "jobs.db").get(job).state == "CANCELLED"
+    wait_gone([rank_pid], 10)
+
 def test_killed_submitter_leaves_no_orphans(tmp_path, job_guard):
     prep, out = probe_prepared(tmp_path, 2, 1, "loop")
     import pickle

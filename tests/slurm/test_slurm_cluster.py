@@ -333,9 +333,11 @@ def test_sft_scontrol_requeue_checkpoints_and_resumes(slurm_cluster):
 
 
 @pytest.mark.health
-def test_cli_job_outlives_its_submitting_terminal(slurm_cluster, tmp_path):
-    """`orchestrate submit` to SLURM, then the submitting process is SIGKILLed (terminal gone): the job runs on
-    in the allocation; `orchestrate status` asks SLURM and records the final state."""
+@pytest.mark.parametrize("how", ["sigkill", "sighup"])
+def test_cli_job_outlives_its_submitting_terminal(slurm_cluster, tmp_path, how):
+    """`orchestrate submit` to SLURM, then the submitting process is SIGKILLed, or gets SIGHUP (its terminal hung
+    up: it stops watching, exit 129, where on local / SSH it would cancel): the job runs on in the allocation;
+    `orchestrate status` asks SLURM and records the final state."""
     import json as _json
     env = dict(os.environ, ORCHESTRATE_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1")
@@ -358,8 +360,16 @@ def test_cli_job_outlives_its_submitting_terminal(slurm_cluster, tmp_path):
         r = subprocess.run([*cli, "status", job, "--json"], cwd=REPO, env=env, capture_output=True, text=True)
         return _json.loads(r.stdout)
     wait_until(lambda: status()["state"] == "RUNNING", 60, "job recorded RUNNING")
-    proc.kill()
-    proc.wait()
+    if how == "sighup":
+        proc.send_signal(signal.SIGHUP)  # spawn: the child's SIGHUP disposition is the default, ours installs one
+        proc.stdout.close()
+        assert proc.wait(timeout=15) == 129
+        from orchestrator.store import JobStore
+        history = " ".join(str(e) for e in JobStore(tmp_path / "home" / "jobs.db").events(job))
+        assert "hung up (SIGHUP): the job runs on under SLURM" in history, history
+    else:
+        proc.kill()
+        proc.wait()
     st = wait_until(lambda: (lambda s: s if s.get("scheduler", "").startswith("RUNNING") else None)(status()), 60,
                     "SLURM reporting the job running without its terminal")
     assert st["state"] == "RUNNING"
