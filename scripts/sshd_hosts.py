@@ -87,6 +87,11 @@ class Testbed:
         block.update(over)
         return block
 
+    def cluster(self, name: str = "testlab", hosts: list[str] | None = None, **ssh_over) -> dict:
+        """A whole cluster file on these hosts (default: the first two): kind ssh, cpu, over loopback."""
+        return {"kind": "ssh", "name": name, "accelerator": "cpu", "network_interface": "lo",
+                "ssh": self.ssh_block(hosts=list(self.hosts[:2] if hosts is None else hosts), **ssh_over)}
+
     def host_dir(self, host: str) -> Path:
         """The dir of the host's sshd_config, sshd.pid and sshd.log."""
         if self.private:

@@ -63,9 +63,7 @@ def _prepared(backend: str, tmp: Path, request):
         tb = request.getfixturevalue("fault_sshd")
         cluster_file = tmp / "ssh.yaml"
         import yaml
-        cluster_file.write_text(yaml.safe_dump({"kind": "ssh", "name": "faultlab", "accelerator": "cpu",
-                                                "network_interface": "lo",
-                                                "ssh": tb.ssh_block(hosts=tb.hosts[:2])}))
+        cluster_file.write_text(yaml.safe_dump(tb.cluster("faultlab")))
     elif backend == "slurm":
         request.getfixturevalue("fault_slurm")
         from slurm_helpers import WORK

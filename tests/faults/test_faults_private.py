@@ -42,8 +42,7 @@ def test_same_fault_same_verdict_on_hosts_that_share_nothing(fault, fault_privat
         "run": {"script": str(PROBE), "args": [str(out), "exit:1:3" if fault == "exit3" else "loop"]},
         "health": {"stall_timeout": STALL, "startup_timeout": 120, "poll_interval": 0.5, "max_restarts": 0}}))
     cluster = tmp_path / "private.yaml"
-    cluster.write_text(yaml.safe_dump({"kind": "ssh", "name": "privlab", "accelerator": "cpu",
-                                       "network_interface": "lo", "ssh": tb.ssh_block(hosts=tb.hosts[:2])}))
+    cluster.write_text(yaml.safe_dump(tb.cluster("privlab")))
     prep = api.prepare(str(job), str(cluster), nodes=2, cwd=tmp_path, check_trainer=False)
     assert "${RUN_DIR}/staged/code/tests/faults/fault_probe.py" in prep.plan.node(0).command
     rd = RunDir(prep.plan.run_dir)

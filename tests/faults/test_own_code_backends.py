@@ -32,8 +32,7 @@ def test_users_trainer_script_on_two_nodes(backend, tmp_path, request, job_guard
     if backend == "ssh":
         tb = request.getfixturevalue("fault_sshd")
         cluster_file = tmp_path / "ssh.yaml"
-        cluster_file.write_text(yaml.safe_dump({"kind": "ssh", "name": "faultlab", "accelerator": "cpu",
-                                                "network_interface": "lo", "ssh": tb.ssh_block(hosts=tb.hosts[:2])}))
+        cluster_file.write_text(yaml.safe_dump(tb.cluster("faultlab")))
     elif backend == "slurm":
         request.getfixturevalue("fault_slurm")
         from slurm_helpers import WORK

@@ -88,10 +88,7 @@ def make_cluster(testbed):
     from orchestrator.core.spec import parse_cluster
 
     def make(hosts=None, **over):
-        block = testbed.ssh_block(**over)
-        block["hosts"] = list(hosts if hosts is not None else testbed.hosts[:2])
-        return parse_cluster({"kind": "ssh", "name": "testlab", "accelerator": "cpu", "network_interface": "lo",
-                              "ssh": block}, source="<test>")
+        return parse_cluster(testbed.cluster(hosts=hosts, **over), source="<test>")
     return make
 
 
@@ -112,8 +109,7 @@ def _base_prepared(testbed, tmp_dir: Path):
         cluster = None
         if testbed.private:
             cluster = tmp_dir / "private-cluster.yaml"
-            cluster.write_text(json.dumps({"kind": "ssh", "name": "testlab", "accelerator": "cpu",
-                                           "network_interface": "lo", "ssh": testbed.ssh_block()}))
+            cluster.write_text(json.dumps(testbed.cluster(hosts=testbed.hosts)))
         _BASE[key] = api.prepare(str(REPO / "recipes/configs/sft_tiny.yaml"), cluster and str(cluster), nodes=1,
                                  check_trainer=False, cwd=REPO)
     return _BASE[key]

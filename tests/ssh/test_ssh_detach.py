@@ -25,8 +25,7 @@ from orchestrator.node.proctools import marked
 @pytest.mark.health
 def test_detach_then_attach_over_ssh(testbed, tmp_path, job_guard):
     cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump({"kind": "ssh", "name": "testlab", "accelerator": "cpu",
-                                       "network_interface": "lo", "ssh": testbed.ssh_block(hosts=testbed.hosts[:2])}))
+    cluster.write_text(yaml.safe_dump(testbed.cluster()))
     home = job_guard.home(tmp_path / "home")
     env = {"ORCHESTRATE_HOME": str(home)}
     t0 = time.monotonic()

@@ -251,9 +251,7 @@ def test_secrets_reach_ranks_but_no_file_log_or_cmdline(testbed, trivial_job):
 
 def _driver(testbed, trivial_job, tag):
     launcher, sub, local, plan = trivial_job({0: SLEEP, 1: SLEEP}, tag=tag)
-    cluster = {"kind": "ssh", "name": "testlab", "accelerator": "cpu", "network_interface": "lo",
-               "ssh": testbed.ssh_block(hosts=testbed.hosts[:2])}
-    proc = spawn([sys.executable, str(REPO / "tests/ssh/submit_driver.py"), json.dumps(cluster), str(local)],
+    proc = spawn([sys.executable, str(REPO / "tests/ssh/submit_driver.py"), json.dumps(testbed.cluster()), str(local)],
                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # SIGINT at its default
     for line in proc.stdout:
         if line.startswith("SUBMITTED "):

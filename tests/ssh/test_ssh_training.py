@@ -29,9 +29,7 @@ def sft(testbed, tmp_path, monkeypatch, job_guard):
     for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(k, "1")
     cluster_file = tmp_path / "cluster.yaml"
-    cluster_file.write_text(yaml.safe_dump({"kind": "ssh", "name": "testlab", "accelerator": "cpu",
-                                            "network_interface": "lo",
-                                            "ssh": testbed.ssh_block(hosts=testbed.hosts[:2])}))
+    cluster_file.write_text(yaml.safe_dump(testbed.cluster()))
 
     def make(max_steps: int, secret_env=(), extra=()):
         over = [f"trainer.max_steps={max_steps}", f"trainer.output_dir={tmp_path / 'out'}", *extra]

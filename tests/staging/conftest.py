@@ -48,10 +48,7 @@ def make_private_cluster(private_testbed):
     from orchestrator.core.spec import parse_cluster
 
     def make(hosts=None, **over):
-        block = private_testbed.ssh_block(**over)
-        block["hosts"] = list(hosts if hosts is not None else private_testbed.hosts[:2])
-        return parse_cluster({"kind": "ssh", "name": "privlab", "accelerator": "cpu", "network_interface": "lo",
-                              "ssh": block}, source="<test>")
+        return parse_cluster(private_testbed.cluster("privlab", hosts=hosts, **over), source="<test>")
     return make
 
 
