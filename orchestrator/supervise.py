@@ -232,7 +232,8 @@ def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str |
 class Supervisor:
     """Runs one attempt of a job to its end. `cancel` (set from a signal handler or another thread) carries the
     reason of a user's cancel; Ctrl-C raising KeyboardInterrupt in the loop counts as one too. `detach` stops
-    watching and leaves the job running (SLURM runs it on without the submitter): run() returns a RUNNING result."""
+    watching and leaves the job running (SLURM runs it on without the submitter): run() returns a RUNNING result;
+    honoured only where the nodes judge hangs themselves (`Running.decides_hangs_on_nodes`), else ignored."""
 
     plan: LaunchPlan
     on_line: Callable[[int, str], None] | None = None
@@ -295,7 +296,8 @@ class Supervisor:
                     if self.cancel.is_set() and not cancel:
                         cancel = self.cancel_reason
                         teardown(cancel, grace, set(job.nodes) - set(ends))
-                    if self.detach.is_set() and torn_down_at is None:
+                    if self.detach.is_set() and job.decides_hangs_on_nodes and torn_down_at is None and \
+                            len(ends) < len(job.nodes) and scheduler is None:
                         return JobResult(JobState.RUNNING, 0, self.detach_reason)
                     if torn_down_at is None and now >= next_check:
                         next_check = now + every

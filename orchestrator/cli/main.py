@@ -143,6 +143,12 @@ def cmd_submit(args) -> int:
     hosts = {n.node_rank: n.host or f"node{n.node_rank}" for n in prepared.plan.node_plans}
     progress = Progress(rich=args.quiet and use_rich(args.color))
 
+    def say(text: str) -> None:
+        try:
+            print(text, flush=True)
+        except OSError as e:  # the terminal went away (EIO) before its SIGHUP arrived, or without one; a closed pipe
+            _terminal_gone(sup, f"writing to it failed: {e.strerror or e}")
+
     def on_line(rank: int, line: str) -> None:
         if line.startswith("ORCHESTRATE_RESULT "):
             try:
@@ -150,23 +156,32 @@ def cmd_submit(args) -> int:
             except ValueError:
                 pass
         if not args.quiet:
-            print(f"[{hosts.get(rank, '?')} node{rank}] {line}", flush=True)
+            say(f"[{hosts.get(rank, '?')} node{rank}] {line}")
+
+    def on_beat(rec: dict) -> None:
+        try:
+            progress.feed(rec)
+        except OSError as e:
+            _terminal_gone(sup, f"writing to it failed: {e.strerror or e}")
 
     def on_event(kind: str, data: dict) -> None:
         if kind == "submitting":
-            print(f"job {data['job_id']}: run dir {data['run_dir']}", flush=True)
+            say(f"job {data['job_id']}: run dir {data['run_dir']}")
         elif kind == "restart":
-            print(f"job {data['job_id']}: restart {data['restart']}/{data['max_restarts']} from the latest "
-                  f"checkpoint (furthest step {data['step']}): {data['reason']}", flush=True)
+            say(f"job {data['job_id']}: restart {data['restart']}/{data['max_restarts']} from the latest "
+                f"checkpoint (furthest step {data['step']}): {data['reason']}")
 
     from orchestrator.detach import forget_self, record_self
     record_self(prepared.plan.job_id)
     sup = Supervisor(prepared.plan)
     _supervisor_signals(sup, prepared.plan.run_dir)
     try:
-        result = api.submit(prepared, on_line=on_line, on_beat=progress.feed, on_event=on_event, supervisor=sup)
+        result = api.submit(prepared, on_line=on_line, on_beat=on_beat, on_event=on_event, supervisor=sup)
     finally:
-        progress.close()
+        try:
+            progress.close()
+        except OSError:
+            pass
         forget_self(prepared.plan.job_id)
     job = prepared.plan.job_id
     if result.state == "RUNNING":  # detached (SIGHUP on SLURM): the terminal is gone, nobody may read this
@@ -194,6 +209,19 @@ def _quiet() -> None:
         pass
 
 
+def _terminal_gone(sup, how: str) -> None:
+    """The submitting terminal went away: output to /dev/null (what is left of it answers writes with EIO, which must
+    not fail the watching and so stop the job), then on SLURM stop watching (the job runs on in its allocation, its
+    node agents judge hangs there, as sbatch would have left it; status / ls ask SLURM), elsewhere cancel (nothing
+    runs on without the submitter)."""
+    _quiet()
+    if sup.plan.cluster_kind == "slurm":
+        sup.request_detach(f"the submitting terminal went away ({how}): the job runs on under SLURM; "
+                           "`orchestrate status` asks SLURM")
+    else:
+        sup.request_cancel(f"the submitting terminal went away ({how})")
+
+
 def _supervisor_signals(sup, run_dir: str) -> None:
     """The supervising process installs its own handlers whatever it inherited (a background launch arrives with
     SIGINT ignored): Ctrl-C / SIGINT, SIGTERM (what `orchestrate cancel` sends, after writing its request in the run
@@ -204,14 +232,11 @@ def _supervisor_signals(sup, run_dir: str) -> None:
     from orchestrator.node.rundir import RunDir
 
     def handler(signum, _frame) -> None:
-        if signum == _signal.SIGHUP and sup.plan.cluster_kind == "slurm":
-            _quiet()  # the terminal is gone: a write to it (EIO) must not fail the watching and scancel the job
-            sup.request_detach("the submitting terminal hung up (SIGHUP): the job runs on under SLURM; "
-                               "`orchestrate status` asks SLURM")
+        if signum == _signal.SIGHUP:
+            _terminal_gone(sup, "it hung up: SIGHUP")
             return
         req = RunDir(run_dir).cancel_request() if signum == _signal.SIGTERM else None
-        why = (req or {}).get("by") or {_signal.SIGINT: "interrupted (Ctrl-C) on the submit host",
-                                        _signal.SIGHUP: "the submitting terminal hung up (SIGHUP)"}.get(
+        why = (req or {}).get("by") or {_signal.SIGINT: "interrupted (Ctrl-C) on the submit host"}.get(
             signum, f"the supervising process got {_signal.Signals(signum).name}")
         sup.request_cancel(why)
 

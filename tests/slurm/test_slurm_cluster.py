@@ -333,11 +333,12 @@ def test_sft_scontrol_requeue_checkpoints_and_resumes(slurm_cluster):
 
 
 @pytest.mark.health
-@pytest.mark.parametrize("how", ["sigkill", "sighup"])
+@pytest.mark.parametrize("how", ["sigkill", "sighup", "output-gone"])
 def test_cli_job_outlives_its_submitting_terminal(slurm_cluster, tmp_path, how):
     """`orchestrate submit` to SLURM, then the submitting process is SIGKILLed, or gets SIGHUP (its terminal hung
-    up: it stops watching, exit 129, where on local / SSH it would cancel): the job runs on in the allocation;
-    `orchestrate status` asks SLURM and records the final state."""
+    up), or finds its output gone (a write fails: a hung-up terminal's EIO can come before the SIGHUP; here a closed
+    pipe's EPIPE): it stops watching, exit 129, where on local / SSH it would cancel. The job runs on in the
+    allocation; `orchestrate status` asks SLURM and records the final state."""
     import json as _json
     env = dict(os.environ, ORCHESTRATE_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1")
@@ -360,13 +361,15 @@ def test_cli_job_outlives_its_submitting_terminal(slurm_cluster, tmp_path, how):
         r = subprocess.run([*cli, "status", job, "--json"], cwd=REPO, env=env, capture_output=True, text=True)
         return _json.loads(r.stdout)
     wait_until(lambda: status()["state"] == "RUNNING", 60, "job recorded RUNNING")
-    if how == "sighup":
-        proc.send_signal(signal.SIGHUP)  # spawn: the child's SIGHUP disposition is the default, ours installs one
-        proc.stdout.close()
-        assert proc.wait(timeout=15) == 129
+    if how in ("sighup", "output-gone"):
+        if how == "sighup":
+            proc.send_signal(signal.SIGHUP)  # spawn: the child's SIGHUP disposition is the default, ours installs one
+        proc.stdout.close()  # the next rank line it writes fails
+        assert proc.wait(timeout=60) == 129
         from orchestrator.store import JobStore
         history = " ".join(str(e) for e in JobStore(tmp_path / "home" / "jobs.db").events(job))
-        assert "hung up (SIGHUP): the job runs on under SLURM" in history, history
+        why = "it hung up: SIGHUP" if how == "sighup" else "writing to it failed: Broken pipe"
+        assert f"went away ({why}): the job runs on under SLURM" in history, history
     else:
         proc.kill()
         proc.wait()

@@ -249,6 +249,29 @@ def test_hash_cache_forgets_what_no_submit_used_for_a_while(tmp_path, monkeypatc
     c.save()
     assert set(json.loads((tmp_path / "h.json").read_text())) == {str(files[2])}  # the most recently used
 
+def test_hash_cache_stops_hashing_when_the_submit_is_cancelled(tmp_path):
+    import threading
+    from orchestrator.errors import SubmitCancelled
+    f = tmp_path / "big"
+    f.write_bytes(b"y" * (3 * st.CHUNK))
+    c = st.HashCache(None)
+    c.cancel = threading.Event()
+    c.sha(f)
+    f2 = tmp_path / "big2"
+    f2.write_bytes(b"z" * (3 * st.CHUNK))
+    c.cancel.set()
+    assert c.sha(f)[0] == _sha(b"y" * (3 * st.CHUNK))  # known already: nothing to read
+    with pytest.raises(SubmitCancelled):
+        c.sha(f2)
+
+
+def test_hash_cache_drops_malformed_entries(tmp_path):
+    (tmp_path / "h.json").write_text(json.dumps({"/a": "x", "/b": [1, 2], "/c": [1, 2, 3, "sha", 5], "/d": {}}))
+    assert set(st.HashCache(tmp_path / "h.json").data) == {"/c"}
+    (tmp_path / "h.json").write_text("[1, 2]")
+    assert st.HashCache(tmp_path / "h.json").data == {}
+
+
 def test_the_node_package_is_the_installed_orchestrator_and_recipes(tmp_path):
     t = st.package_tree(st.HashCache(None))
     rels = {e[0] for e in t.entries}

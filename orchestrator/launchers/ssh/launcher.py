@@ -150,7 +150,7 @@ class SSHLauncher:
         if problems:
             for chan in chans.values():
                 close_channel(chan)  # stdin EOF: every waiting agent exits without starting anything
-            for session in (sessions or {}).values():
+            for session in list((sessions or {}).values()):
                 session.close()
             pool.close()
             raise PreflightError(problems)
@@ -176,6 +176,7 @@ class SSHLauncher:
             raise PreflightError(Problem(str(local.path(st.STAGE_FILE)), "missing or unreadable (render it again)"))
         t0 = time.time()
         cache = st.hash_cache()
+        cache.cancel = pool.cancel
         pkg = st.package_tree(cache)
         if pkg.sha != sub.extra["package"]:
             raise PreflightError(Problem("orchestrator", "the installed orchestrate changed since the job was "
@@ -237,7 +238,7 @@ class SSHLauncher:
             pool, probes = self.preflight(sub, local, pool, sessions)
             pool.check_cancel()
         except BaseException:
-            for session in (sessions or {}).values():
+            for session in list((sessions or {}).values()):  # a cancelled map's threads may still pop from it
                 session.close()
             pool.close()
             raise

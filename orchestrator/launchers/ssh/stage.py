@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.jobplan import RUN_DIR_VAR
-from orchestrator.errors import ConfigError, PreflightError, Problem
+from orchestrator.errors import ConfigError, PreflightError, Problem, SubmitCancelled
 
 logger = logging.getLogger("orchestrate.ssh")
 
@@ -301,11 +301,13 @@ class HashCache:
         self.data: dict[str, list] = {}
         self.dirty = False
         self._lock = threading.Lock()
+        self.cancel: threading.Event | None = None  # set: hashing stops with SubmitCancelled (a submit's Ctrl-C)
         if path is not None:
             try:
-                self.data = json.loads(path.read_text())
+                loaded = json.loads(path.read_text())
             except (OSError, ValueError):
-                self.data = {}
+                loaded = {}
+            self.data = {k: v for k, v in loaded.items() if _entry_ok(v)} if isinstance(loaded, dict) else {}
 
     def sha(self, full: Path) -> tuple[str, int, int]:
         """(sha256, size, mode) of a file (links followed)."""
@@ -322,6 +324,8 @@ class HashCache:
         h = hashlib.sha256()
         with open(full, "rb") as fh:
             for block in iter(lambda: fh.read(CHUNK), b""):
+                if self.cancel is not None and self.cancel.is_set():
+                    raise SubmitCancelled("cancelled while hashing the files to stage: nothing of the job runs")
                 h.update(block)
         digest = h.hexdigest()
         with self._lock:
@@ -337,7 +341,8 @@ class HashCache:
         """The entries to keep: used within KEEP_DAYS (an entry of an older orchestrate, without a day, counts as
         used today), the most recently used MAX_ENTRIES of them."""
         today = self._today()
-        days = {k: (v[4] if len(v) > 4 and isinstance(v[4], int) else today) for k, v in self.data.items()}
+        days = {k: (v[4] if len(v) > 4 and isinstance(v[4], int) and v[4] <= today else today)
+                for k, v in self.data.items()}
         keep = [k for k, d in days.items() if d >= today - self.KEEP_DAYS]
         if len(keep) > self.MAX_ENTRIES:
             keep = sorted(keep, key=days.__getitem__, reverse=True)[:self.MAX_ENTRIES]
@@ -358,6 +363,11 @@ class HashCache:
             self.dirty = False
         except OSError:
             pass  # a cache: the next submit hashes again
+
+
+def _entry_ok(v: Any) -> bool:
+    """[size, mtime_ns, inode, sha256(, day)]: anything else in the file (hand-edited, corrupt) is dropped."""
+    return isinstance(v, list) and len(v) >= 4 and all(isinstance(x, int) for x in v[:3]) and isinstance(v[3], str)
 
 
 def hash_cache() -> HashCache:

@@ -287,12 +287,14 @@ class Pool:
             t.close()
             raise
         conn = Connection(host, t, o.connect_timeout)
-        if self.cancel is not None and self.cancel.is_set():  # a connect that outlived a cancelled map
+        with self._lock:  # checked and added as one step: a cancel's close() comes before (seen here) or after it
+            cancelled = self.cancel is not None and self.cancel.is_set()
+            old = None if cancelled else self.conns.pop(host, None)
+            if not cancelled:
+                self.conns[host] = conn
+        if cancelled:  # a connect that outlived a cancelled map
             conn.close()
             raise HostError(host, "cancelled")
-        with self._lock:
-            old = self.conns.pop(host, None)
-            self.conns[host] = conn
         if old is not None:
             old.close()
         return conn
@@ -324,8 +326,8 @@ class Pool:
         def work() -> None:
             while True:
                 with lock:
-                    if not todo:
-                        return
+                    if not todo or (self.cancel is not None and self.cancel.is_set()):
+                        return  # cancelled: the hosts not begun are not begun
                     host = todo.pop()
                 result = safe(host)
                 with lock:
@@ -339,6 +341,7 @@ class Pool:
             threading.Thread(target=work, daemon=True, name=f"ssh-{i}").start()
         while not done.wait(CANCEL_POLL_S):
             self.check_cancel()
+        self.check_cancel()  # set as the last host finished: its result may already say "cancelled"
         return {h: results[h] for h in hosts}
 
     def connect_all(self, hosts: Iterable[str]) -> dict[str, Connection | Exception]:
