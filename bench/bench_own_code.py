@@ -8,7 +8,7 @@ callback of its own that prints when its first optimizer step ended) is the same
 
 Reports each side's median, the ratio of medians and the paired ratios' median and range (goal <= 1.0), and where
 the time goes, per side, from the kernel's process start times: dispatch (submit -> each node's `accelerate launch`
-process exists; for the hand-run, which starts them itself, just the process creation, ~0.01 s), launcher (-> the
+process exists; for the hand-run, which starts them itself, just the process creation, < 0.01 s), launcher (-> the
 last rank process exists: accelerate and torchrun start-up, rendezvous), ranks (-> first optimizer step ended on
 rank 0: imports, orchestrate's pre-flight and hooks, model and data, the step). Results: bench/results/own_code.json.
 """

@@ -247,11 +247,13 @@ class Supervisor:
     detach_reason: str = ""
 
     def request_cancel(self, reason: str) -> None:
-        self.cancel_reason = reason
+        if not self.cancel.is_set():  # the first reason is the cause (a Ctrl-C, then the hang-up it led to)
+            self.cancel_reason = reason
         self.cancel.set()
 
     def request_detach(self, reason: str) -> None:
-        self.detach_reason = reason
+        if not self.detach.is_set():
+            self.detach_reason = reason
         self.detach.set()
 
     def run(self, job: Running) -> JobResult:

@@ -9,6 +9,7 @@ Exit codes: 0 ok, 1 job failed, 2 bad input, 130 cancelled.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -146,8 +147,8 @@ def cmd_submit(args) -> int:
     def say(text: str) -> None:
         try:
             print(text, flush=True)
-        except OSError as e:  # the terminal went away (EIO) before its SIGHUP arrived, or without one; a closed pipe
-            _terminal_gone(sup, f"writing to it failed: {e.strerror or e}")
+        except OSError as e:
+            _output_failed(sup, e)
 
     def on_line(rank: int, line: str) -> None:
         if line.startswith("ORCHESTRATE_RESULT "):
@@ -162,7 +163,9 @@ def cmd_submit(args) -> int:
         try:
             progress.feed(rec)
         except OSError as e:
-            _terminal_gone(sup, f"writing to it failed: {e.strerror or e}")
+            _output_failed(sup, e)
+        except SystemExit:  # rich's answer to a broken pipe (it has pointed stdout at /dev/null itself)
+            _output_failed(sup, BrokenPipeError(errno.EPIPE, "Broken pipe"))
 
     def on_event(kind: str, data: dict) -> None:
         if kind == "submitting":
@@ -198,42 +201,57 @@ def cmd_submit(args) -> int:
     return 130 if result.state == "CANCELLED" else 1
 
 
-def _quiet() -> None:
-    """stdout and stderr to /dev/null (what is left of a hung-up terminal answers writes with EIO)."""
+def _quiet(fds: tuple[int, ...] = (1, 2)) -> None:
+    """These descriptors to /dev/null (what is left of a hung-up terminal answers writes with EIO, a closed pipe
+    EPIPE: either must not fail the watching and so stop the job)."""
     try:
         null = os.open(os.devnull, os.O_WRONLY)
-        for fd in (1, 2):
+        for fd in fds:
             os.dup2(null, fd)
         os.close(null)
     except OSError:
         pass
 
 
-def _terminal_gone(sup, how: str) -> None:
-    """The submitting terminal went away: output to /dev/null (what is left of it answers writes with EIO, which must
-    not fail the watching and so stop the job), then on SLURM stop watching (the job runs on in its allocation, its
-    node agents judge hangs there, as sbatch would have left it; status / ls ask SLURM), elsewhere cancel (nothing
-    runs on without the submitter)."""
-    _quiet()
+def _output_gone(sup, what: str, fds: tuple[int, ...] = (1, 2)) -> None:
+    """Whoever watched the submit is gone: `fds` to /dev/null, then on SLURM stop watching (the job runs on in its
+    allocation, its node agents judge hangs there, as sbatch would have left it; status / ls ask SLURM), elsewhere
+    cancel (nothing runs on without the submitter)."""
+    _quiet(fds)
     if sup.plan.cluster_kind == "slurm":
-        sup.request_detach(f"the submitting terminal went away ({how}): the job runs on under SLURM; "
-                           "`orchestrate status` asks SLURM")
+        sup.request_detach(f"{what}: the job runs on under SLURM; `orchestrate status` asks SLURM")
     else:
-        sup.request_cancel(f"the submitting terminal went away ({how})")
+        sup.request_cancel(what)
+
+
+def _output_failed(sup, e: OSError) -> None:
+    """A write to the submit's output failed. EIO: the terminal hung up (its SIGHUP may come later, or never); EPIPE:
+    the reader of its output is gone (`orchestrate submit ... | head`): stderr may still be a live terminal, so it
+    keeps it and says why. Anything else (a full disk under a redirect, a non-blocking pipe): the line is dropped."""
+    if e.errno == errno.EIO:
+        _output_gone(sup, "the submitting terminal went away (writing to it failed: EIO)")
+    elif e.errno == errno.EPIPE:
+        _output_gone(sup, "the reader of the submit's output went away (broken pipe)", fds=(1,))
+        try:
+            print(f"orchestrate: {sup.cancel_reason if sup.cancel.is_set() else sup.detach_reason}", file=sys.stderr,
+                  flush=True)
+        except OSError:
+            pass
 
 
 def _supervisor_signals(sup, run_dir: str) -> None:
     """The supervising process installs its own handlers whatever it inherited (a background launch arrives with
     SIGINT ignored): Ctrl-C / SIGINT, SIGTERM (what `orchestrate cancel` sends, after writing its request in the run
-    dir) and SIGHUP (the terminal went away) all make the supervisor cancel the job: every node stopped, recorded.
-    Except SIGHUP on SLURM: the job runs on in its allocation (its node agents judge hangs there), so a dropped
-    login session only ends the watching, as it would for sbatch; `orchestrate status` / `ls` then ask SLURM."""
+    dir) and SIGHUP (the terminal went away; left ignored under nohup) all make the supervisor cancel the job: every
+    node stopped, recorded. Except SIGHUP on SLURM: the job runs on in its allocation (its node agents judge hangs
+    there), so a dropped login session only ends the watching, as it would for sbatch; `orchestrate status` / `ls`
+    then ask SLURM (see _output_gone)."""
     import signal as _signal
     from orchestrator.node.rundir import RunDir
 
     def handler(signum, _frame) -> None:
         if signum == _signal.SIGHUP:
-            _terminal_gone(sup, "it hung up: SIGHUP")
+            _output_gone(sup, "the submitting terminal hung up (SIGHUP)")
             return
         req = RunDir(run_dir).cancel_request() if signum == _signal.SIGTERM else None
         why = (req or {}).get("by") or {_signal.SIGINT: "interrupted (Ctrl-C) on the submit host"}.get(
@@ -241,6 +259,8 @@ def _supervisor_signals(sup, run_dir: str) -> None:
         sup.request_cancel(why)
 
     for s in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        if s == _signal.SIGHUP and _signal.getsignal(s) == _signal.SIG_IGN:
+            continue  # `nohup orchestrate submit ... &`: the user asked for a hang-up to be ignored
         _signal.signal(s, handler)
 
 
@@ -384,7 +404,6 @@ def main(argv: list[str] | None = None) -> int:
         print("orchestrate: cancelled", file=sys.stderr)
         return 130
     except OSError as e:
-        import errno
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS):
             raise
         if args.debug:

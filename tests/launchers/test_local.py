@@ -146,19 +146,22 @@ def test_ctrl_c_stops_everything(tmp_path, job_guard):
 
 
 
-def test_sighup_of_the_submit_cancels_a_local_job(tmp_path, job_guard):
-    """The submitting terminal hangs up: on the local backend nothing could run on without the submitter, so the
-    job is cancelled, recorded with the reason, every process gone (on SLURM it runs on: tests/slurm)."""
+@pytest.mark.parametrize("how", ["sighup", "output-gone"])
+def test_sighup_of_the_submit_cancels_a_local_job(tmp_path, job_guard, how):
+    """The submitting terminal hangs up, or the reader of the submit's output goes away (`submit ... | head`): on
+    the local backend nothing could run on without the submitter, so the job is cancelled, recorded with the reason,
+    every process gone (on SLURM it runs on: tests/slurm)."""
     import yaml
     from orchestrator.store import JobStore
     script = tmp_path / "loop.py"
-    script.write_text("import os, time\nprint('LOOPING', os.getpid(), flush=True)\nwhile True:\n    time.sleep(0.2)\n")
+    script.write_text("import os, time\nprint('LOOPING', os.getpid(), flush=True)\nwhile True:\n"
+                      "    time.sleep(0.2)\n    print('still here', flush=True)\n")
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump({"run": {"script": str(script)}}))
     home = job_guard.home(tmp_path / "home")
     proc = job_guard.spawn([sys.executable, "-m", "orchestrator.cli", "submit", str(job_file)],
                            env={**os.environ, "ORCHESTRATE_HOME": str(home)}, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)  # SIGHUP at its default: the CLI installs its own
+                           stderr=subprocess.PIPE, text=True)  # SIGHUP at its default: the CLI installs its own
     lines, rank_pid = [], None
     for line in proc.stdout:
         lines.append(line)
@@ -166,13 +169,21 @@ def test_sighup_of_the_submit_cancels_a_local_job(tmp_path, job_guard):
             rank_pid = int(line.split()[-1])
             break
     assert rank_pid, "".join(lines) + proc.communicate(timeout=60)[0]
-    proc.send_signal(signal.SIGHUP)
-    out = "".join(lines) + proc.communicate(timeout=30)[0]
-    assert proc.returncode == 130, out[-3000:]
+    if how == "sighup":
+        proc.send_signal(signal.SIGHUP)
+        why = "the submitting terminal hung up (SIGHUP)"
+    else:
+        proc.stdout.close()  # its next rank line meets a broken pipe
+        why = "the reader of the submit's output went away (broken pipe)"
+    err = proc.communicate(timeout=30)[1]
+    assert proc.returncode == 130, err[-3000:]
     job = next(line.split()[1].rstrip(":") for line in lines if ": run dir " in line)
-    rec = JobStore(home / "jobs.db").get(job)  # the terminal is gone: the CLI's last words go to /dev/null
-    assert rec.state == "CANCELLED" and rec.root_cause == "the submitting terminal went away (it hung up: SIGHUP)", \
-        rec.to_dict()
+    rec = JobStore(home / "jobs.db").get(job)
+    assert rec.state == "CANCELLED" and rec.root_cause == why, rec.to_dict()
+    if how == "output-gone":  # stderr is still there: it says why
+        assert f"orchestrate: {why}" in err and f"job {job} CANCELLED: {why}" in err, err
+    else:  # the terminal is gone: its last words go to /dev/null
+        assert err == "", err
     wait_gone([rank_pid], 10)
 
 def test_killed_submitter_leaves_no_orphans(tmp_path, job_guard):

@@ -368,8 +368,9 @@ def test_cli_job_outlives_its_submitting_terminal(slurm_cluster, tmp_path, how):
         assert proc.wait(timeout=60) == 129
         from orchestrator.store import JobStore
         history = " ".join(str(e) for e in JobStore(tmp_path / "home" / "jobs.db").events(job))
-        why = "it hung up: SIGHUP" if how == "sighup" else "writing to it failed: Broken pipe"
-        assert f"went away ({why}): the job runs on under SLURM" in history, history
+        why = ("the submitting terminal hung up (SIGHUP)" if how == "sighup" else
+               "the reader of the submit's output went away (broken pipe)")
+        assert f"{why}: the job runs on under SLURM" in history, history
     else:
         proc.kill()
         proc.wait()

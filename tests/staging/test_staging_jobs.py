@@ -25,8 +25,7 @@ pytestmark = pytest.mark.slow
 
 def _cluster(tmp_path: Path, tb, **over) -> Path:
     f = tmp_path / f"private-{len(list(tmp_path.glob('private-*')))}.yaml"
-    f.write_text(yaml.safe_dump({"kind": "ssh", "name": "privlab", "accelerator": "cpu", "network_interface": "lo",
-                                 "ssh": tb.ssh_block(hosts=tb.hosts[:2], **over)}))
+    f.write_text(yaml.safe_dump(tb.cluster("privlab", **over)))
     return f
 
 
