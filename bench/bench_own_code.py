@@ -5,12 +5,20 @@ with the same rendered configs, interleaved (ABBA), same run. The user script (t
 callback of its own that prints when its first optimizer step ended) is the same for both.
 
     python bench/bench_own_code.py [--repeat 8] [--steps 4]
+    python bench/bench_own_code.py --backend ssh [--repeat 8]   # 2 real sshd hosts on loopback (needs root)
+
+With `--backend ssh` the two nodes are sshd hosts (scripts/sshd_hosts.py, a shared filesystem: `shared_fs: true`)
+and the hand-run is what a user types for a multi-node run without a scheduler: per node, at the same time,
+`ssh host 'cd REPO && GLOO_SOCKET_IFNAME=lo python -m accelerate.commands.launch --config_file nodeR.yaml train.py
+...'` (OpenSSH, key auth, the same rendered configs). Dispatch then covers the ssh connection and the remote shell
+on the hand-run's side too.
 
 Reports each side's median, the ratio of medians and the paired ratios' median and range (goal <= 1.0), and where
 the time goes, per side, from the kernel's process start times: dispatch (submit -> each node's `accelerate launch`
 process exists; for the hand-run, which starts them itself, just the process creation, < 0.01 s), launcher (-> the
 last rank process exists: accelerate and torchrun start-up, rendezvous), ranks (-> first optimizer step ended on
-rank 0: imports, orchestrate's pre-flight and hooks, model and data, the step). Results: bench/results/own_code.json.
+rank 0: imports, orchestrate's pre-flight and hooks, model and data, the step). Results: bench/results/own_code.json
+(own_code_ssh.json with --backend ssh).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -33,10 +42,11 @@ def first_step_script(user: Path) -> str:
     first optimizer step has ended."""
     return '''
 import os, sys, time, runpy
-def _start():  # when the kernel created this process (field 22 of /proc/self/stat, against /proc/uptime)
-    ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+def _start(pid="self"):  # when the kernel created the process (field 22 of /proc/PID/stat, against /proc/uptime)
+    ticks = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19])
     return time.time() - (float(open("/proc/uptime").read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
-print(f"USER_PROC_START {_start():.6f} {os.environ.get('RANK')}", flush=True)
+# this rank's start, and its parent's: torchrun's agent, which is the `accelerate launch` process itself
+print(f"USER_PROC_START {_start():.6f} {os.environ.get('RANK')} {_start(os.getppid()):.6f}", flush=True)
 from transformers import TrainerCallback, Trainer
 class FirstStep(TrainerCallback):
     done = False
@@ -66,6 +76,13 @@ def rank_start(text: str, ranks: int = 2) -> float:
     return max(found)
 
 
+def launcher_starts(text: str, ranks: int = 2) -> list[float]:
+    """When each rank's parent (its node's `accelerate launch` process) was created."""
+    found = [float(x) for x in re.findall(r"USER_PROC_START \d+\.\d+ \S+ (\d+\.\d+)", text)]
+    assert len(found) == ranks, text[-3000:]
+    return found
+
+
 def phases(t0: float, launchers: list[float], ranks: float, first: float) -> dict[str, float]:
     return {"dispatch": max(launchers) - t0, "launcher": ranks - max(launchers), "ranks": first - ranks,
             "total": first - t0}
@@ -75,6 +92,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--backend", choices=("local", "ssh"), default="local")
+    ap.add_argument("--base-ip", default="127.0.32.2", help="--backend ssh: the first host's address")
+    ap.add_argument("--port", type=int, default=2232, help="--backend ssh: the hosts' sshd port")
     args = ap.parse_args()
     env = {**os.environ, **OFFLINE}
     tmp = Path(tempfile.mkdtemp(prefix="bench-own-"))
@@ -82,7 +102,6 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     os.environ.update(OFFLINE)
     from recipes.tiny import resolve_model_path
-    from orchestrator.node.proctools import process_start_time
     model = resolve_model_path("tiny-llama")
     script = tmp / "train.py"
     script.write_text(first_step_script(REPO / "tests" / "faults" / "user_train.py"))
@@ -95,64 +114,91 @@ def main() -> int:
         return p
 
     cli = [sys.executable, "-m", "orchestrator.cli"]
+    tb = None
+    where: list[str] = []  # --cluster FILE, with --backend ssh
+    if args.backend == "ssh":
+        sys.path.insert(0, str(REPO / "scripts"))
+        import sshd_hosts
+        why = sshd_hosts.prerequisites()
+        if why:
+            print(f"bench_own_code: {why}", file=sys.stderr)
+            return 2
+        tb = sshd_hosts.up(2, tmp / "sshd", base_ip=args.base_ip, port=args.port)
+        (tmp / "cluster.yaml").write_text(json.dumps(tb.cluster("bench", shared_fs=True)))
+        where = ["--cluster", str(tmp / "cluster.yaml")]
+    try:
+        def ours(i: int) -> float:
+            t0 = time.time()
+            r = subprocess.run([*cli, "submit", str(job(f"ours{i}")), "--nodes", "2", *where], capture_output=True,
+                               text=True, env=env, cwd=REPO, timeout=600)
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+            run_dir = Path(re.search(r"run dir (\S+)", r.stdout).group(1))
+            # (with ssh, shared_fs: true: the hosts use this same run dir)
+            launchers = [json.loads((run_dir / "nodes" / str(n) / "agent.json").read_text())["proc_start"]
+                         for n in range(2)]
+            parents = launcher_starts(r.stdout)  # the ranks' parents are the launchers the agents started
+            assert all(abs(a - b) < 0.02 for a, b in zip(sorted(launchers), sorted(parents), strict=True)), (
+                launchers, parents)
+            return phases(t0, launchers, rank_start(r.stdout), first_step(r.stdout))
 
-    def ours(i: int) -> float:
-        t0 = time.time()
-        r = subprocess.run([*cli, "submit", str(job(f"ours{i}")), "--nodes", "2"], capture_output=True, text=True,
-                           env=env, cwd=REPO, timeout=600)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-        run_dir = Path(re.search(r"run dir (\S+)", r.stdout).group(1))
-        launchers = [json.loads((run_dir / "nodes" / str(n) / "agent.json").read_text())["proc_start"]
-                     for n in range(2)]
-        return phases(t0, launchers, rank_start(r.stdout), first_step(r.stdout))
+        def anchor(i: int) -> float:
+            d = tmp / f"anchor{i}"
+            r = subprocess.run([*cli, "render", str(job(f"anchor{i}")), "--nodes", "2", *where, "--out", str(d)],
+                               capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+            assert r.returncode == 0, r.stderr
+            node_env = {**env, "GLOO_SOCKET_IFNAME": "lo"}
+            t0 = time.time()
+            argvs = [[sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                      str(d / "nodes" / str(rank) / "accelerate.yaml"), str(script), model, str(data),
+                      str(tmp / f"anchor{i}" / "out"), str(args.steps)] for rank in range(2)]
+            if tb is not None:  # per node: ssh host 'cd REPO && GLOO_SOCKET_IFNAME=lo python -m accelerate.commands...'
+                opts = ["-i", tb.key, "-p", str(tb.port), "-o", f"UserKnownHostsFile={tb.known_hosts}", "-o",
+                        "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
+                offline = " ".join(f"{k}={v}" for k, v in OFFLINE.items())
+                argvs = [["ssh", *opts, f"{tb.user}@{host}", f"cd {shlex.quote(str(REPO))} && GLOO_SOCKET_IFNAME=lo "
+                          f"{offline} {shlex.join(argv)}"] for host, argv in zip(tb.hosts, argvs, strict=True)]
+            procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=node_env)
+                     for argv in argvs]
+            outs = [p.communicate(timeout=600)[0] for p in procs]
+            assert all(p.returncode == 0 for p in procs), outs[0][-2000:]
+            return phases(t0, launcher_starts(outs[0] + outs[1]), rank_start(outs[0] + outs[1]), first_step(outs[0]))
 
-    def anchor(i: int) -> float:
-        d = tmp / f"anchor{i}"
-        r = subprocess.run([*cli, "render", str(job(f"anchor{i}")), "--nodes", "2", "--out", str(d)],
-                           capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
-        assert r.returncode == 0, r.stderr
-        node_env = {**env, "GLOO_SOCKET_IFNAME": "lo"}
-        t0 = time.time()
-        procs = [subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                                   str(d / "nodes" / str(rank) / "accelerate.yaml"), str(script), model, str(data),
-                                   str(tmp / f"anchor{i}" / "out"), str(args.steps)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=node_env)
-                 for rank in range(2)]
-        launchers = [process_start_time(p.pid) or t0 for p in procs]
-        outs = [p.communicate(timeout=600)[0] for p in procs]
-        assert all(p.returncode == 0 for p in procs), outs[0][-2000:]
-        return phases(t0, launchers, rank_start(outs[0] + outs[1]), first_step(outs[0]))
-
-    # as installed by pip (which byte-compiles): orchestrate's own modules load from .pyc in the CLI, the node agents
-    # and the ranks' hooks, whatever PYTHONDONTWRITEBYTECODE says (the user's script is compiled alike on both sides)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "orchestrator"), str(REPO / "recipes")],
-                   check=True)
-    ours(99)  # warm the caches (model, datasets, page cache) for both sides
-    runs: dict[str, list[dict[str, float]]] = {"ours": [], "anchor": []}
-    for i in range(args.repeat):  # interleaved, ABBA (which side goes first alternates): drift hits both alike
-        for side in (("anchor", "ours") if i % 2 == 0 else ("ours", "anchor")):
-            runs[side].append((anchor if side == "anchor" else ours)(i))
-        print(f"run {i}: " + "; ".join(f"{side} {r[-1]['total']:.2f}s (" + ", ".join(
-            f"{k} {v:.2f}" for k, v in r[-1].items() if k != "total") + ")" for side, r in runs.items()), flush=True)
-    med = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items()}
-    paired = sorted(o["total"] / a["total"] for o, a in zip(runs["ours"], runs["anchor"], strict=True))
-    extra = {k: sorted(o[k] - a[k] for o, a in zip(runs["ours"], runs["anchor"], strict=True))
-             for k in ("dispatch", "launcher", "ranks")}
-    result = {"repeat": args.repeat, "steps": args.steps, "machine": f"{os.cpu_count()} cores",
-              "first_step_s": {side: m["total"] for side, m in med.items()}, "phases_median_s": med,
-              "ratio": med["ours"]["total"] / med["anchor"]["total"],
-              "paired_ratio_median": statistics.median(paired), "paired_ratio_range": [paired[0], paired[-1]],
-              "paired_extra_s_median": {k: statistics.median(v) for k, v in extra.items()},
-              "paired_extra_s_range": {k: [v[0], v[-1]] for k, v in extra.items()}, "runs": runs}
-    print(f"own code, time to first step (median of {args.repeat}): ours {med['ours']['total']:.2f}s, hand-run "
-          f"accelerate launch {med['anchor']['total']:.2f}s, ratio of medians {result['ratio']:.3f}; paired median "
-          f"{result['paired_ratio_median']:.3f}, range {paired[0]:.3f}-{paired[-1]:.3f} (goal <= 1.0)")
-    print("ours minus hand-run, paired, median (range): " + ", ".join(
-        f"{k} {statistics.median(v):+.2f}s ({v[0]:+.2f} to {v[-1]:+.2f})" for k, v in extra.items()))
-    out = REPO / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "own_code.json").write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+        # as installed by pip (which byte-compiles): orchestrate's own modules load from .pyc in the CLI, the node
+        # agents and the ranks' hooks, whatever PYTHONDONTWRITEBYTECODE says (the user's script is compiled alike on
+        # both sides)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "orchestrator"), str(REPO / "recipes")],
+                       check=True)
+        ours(99)  # warm the caches (model, datasets, page cache) for both sides
+        runs: dict[str, list[dict[str, float]]] = {"ours": [], "anchor": []}
+        for i in range(args.repeat):  # interleaved, ABBA (which side goes first alternates): drift hits both alike
+            for side in (("anchor", "ours") if i % 2 == 0 else ("ours", "anchor")):
+                runs[side].append((anchor if side == "anchor" else ours)(i))
+            print(f"run {i}: " + "; ".join(f"{side} {r[-1]['total']:.2f}s (" + ", ".join(
+                f"{k} {v:.2f}" for k, v in r[-1].items() if k != "total") + ")" for side, r in runs.items()),
+                flush=True)
+        med = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items()}
+        paired = sorted(o["total"] / a["total"] for o, a in zip(runs["ours"], runs["anchor"], strict=True))
+        extra = {k: sorted(o[k] - a[k] for o, a in zip(runs["ours"], runs["anchor"], strict=True))
+                 for k in ("dispatch", "launcher", "ranks")}
+        result = {"repeat": args.repeat, "steps": args.steps, "machine": f"{os.cpu_count()} cores",
+                  "backend": args.backend,
+                  "first_step_s": {side: m["total"] for side, m in med.items()}, "phases_median_s": med,
+                  "ratio": med["ours"]["total"] / med["anchor"]["total"],
+                  "paired_ratio_median": statistics.median(paired), "paired_ratio_range": [paired[0], paired[-1]],
+                  "paired_extra_s_median": {k: statistics.median(v) for k, v in extra.items()},
+                  "paired_extra_s_range": {k: [v[0], v[-1]] for k, v in extra.items()}, "runs": runs}
+        print(f"own code, time to first step (median of {args.repeat}): ours {med['ours']['total']:.2f}s, hand-run "
+              f"accelerate launch {med['anchor']['total']:.2f}s, ratio of medians {result['ratio']:.3f}; paired median "
+              f"{result['paired_ratio_median']:.3f}, range {paired[0]:.3f}-{paired[-1]:.3f} (goal <= 1.0)")
+        print("ours minus hand-run, paired, median (range): " + ", ".join(
+            f"{k} {statistics.median(v):+.2f}s ({v[0]:+.2f} to {v[-1]:+.2f})" for k, v in extra.items()))
+        out = REPO / "bench" / "results"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ("own_code.json" if tb is None else "own_code_ssh.json")).write_text(json.dumps(result, indent=2) + "\n")
+        return 0
+    finally:
+        if tb is not None:
+            sshd_hosts.down(tmp / "sshd")
 
 
 if __name__ == "__main__":
