@@ -221,6 +221,51 @@ def cli(*args: Any, env: dict | None = None, timeout: float = 120, **kw: Any) ->
                timeout=timeout, **kw)
 
 
+def looping_job(tmp_path: Path) -> Path:
+    """A job file (`run: script:`) whose every rank prints `LOOPING <pid>`, then a line every 0.2 s, forever."""
+    import yaml
+    script = tmp_path / "loop.py"
+    script.write_text("import os, time\nprint('LOOPING', os.getpid(), flush=True)\nwhile True:\n"
+                      "    time.sleep(0.2)\n    print('still here', flush=True)\n")
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump({"run": {"script": str(script)}}))
+    return job_file
+
+
+def read_looping_ranks(proc: subprocess.Popen, n: int) -> tuple[str, list[int]]:
+    """Read an attached `orchestrate submit` of looping_job() until its `n` ranks loop: (job id, the ranks' pids)."""
+    lines, ranks = [], []
+    for line in proc.stdout:
+        lines.append(line)
+        if "LOOPING" in line:
+            ranks.append(int(line.split()[-1]))
+            if len(ranks) == n:
+                break
+    assert len(ranks) == n, "".join(lines) + proc.communicate(timeout=60)[0]
+    return next(line.split()[1].rstrip(":") for line in lines if ": run dir " in line), ranks
+
+
+def hang_up_cancels(proc: subprocess.Popen, how: str, home: Path, job: str) -> None:
+    """The attached CLI submit `proc` loses its terminal (how="sighup") or its output's reader (how="output-gone":
+    its stdout pipe closed, the next rank line meets a broken pipe). Checks what the local and SSH backends do:
+    exit 130, the job recorded CANCELLED with that reason; stderr says why where it is still there."""
+    from orchestrator.store import JobStore
+    if how == "sighup":
+        proc.send_signal(signal.SIGHUP)
+        why = "the submitting terminal hung up (SIGHUP)"
+    else:
+        proc.stdout.close()
+        why = "the reader of the submit's output went away (broken pipe)"
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130, err[-3000:]
+    rec = JobStore(Path(home) / "jobs.db").get(job)
+    assert rec.state == "CANCELLED" and rec.root_cause == why, rec.to_dict()
+    if how == "output-gone":  # stderr is still there: it says why
+        assert f"orchestrate: {why}" in err and f"job {job} CANCELLED: {why}" in err, err
+    else:  # the terminal is gone: its last words go to /dev/null
+        assert err == "", err
+
+
 def kill_tree(p: subprocess.Popen | int, sig: int = signal.SIGKILL) -> None:
     """Signal a child and, when it leads a process group (spawn's default), that whole group."""
     pid = p if isinstance(p, int) else p.pid

@@ -20,6 +20,7 @@ import jobrun
 from orchestrator.core.jobplan import LaunchPlan
 from orchestrator.node.proctools import alive, group_members, marked
 from orchestrator.core.render import render_files
+from helpers import hang_up_cancels, looping_job, read_looping_ranks
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("dist_probe.py")
@@ -151,40 +152,14 @@ def test_sighup_of_the_submit_cancels_a_local_job(tmp_path, job_guard, how):
     """The submitting terminal hangs up, or the reader of the submit's output goes away (`submit ... | head`): on
     the local backend nothing could run on without the submitter, so the job is cancelled, recorded with the reason,
     every process gone (on SLURM it runs on: tests/slurm)."""
-    import yaml
-    from orchestrator.store import JobStore
-    script = tmp_path / "loop.py"
-    script.write_text("import os, time\nprint('LOOPING', os.getpid(), flush=True)\nwhile True:\n"
-                      "    time.sleep(0.2)\n    print('still here', flush=True)\n")
-    job_file = tmp_path / "job.yaml"
-    job_file.write_text(yaml.safe_dump({"run": {"script": str(script)}}))
     home = job_guard.home(tmp_path / "home")
-    proc = job_guard.spawn([sys.executable, "-m", "orchestrator.cli", "submit", str(job_file)],
+    proc = job_guard.spawn([sys.executable, "-m", "orchestrator.cli", "submit", str(looping_job(tmp_path))],
                            env={**os.environ, "ORCHESTRATE_HOME": str(home)}, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)  # SIGHUP at its default: the CLI installs its own
-    lines, rank_pid = [], None
-    for line in proc.stdout:
-        lines.append(line)
-        if "LOOPING" in line:
-            rank_pid = int(line.split()[-1])
-            break
-    assert rank_pid, "".join(lines) + proc.communicate(timeout=60)[0]
-    if how == "sighup":
-        proc.send_signal(signal.SIGHUP)
-        why = "the submitting terminal hung up (SIGHUP)"
-    else:
-        proc.stdout.close()  # its next rank line meets a broken pipe
-        why = "the reader of the submit's output went away (broken pipe)"
-    err = proc.communicate(timeout=30)[1]
-    assert proc.returncode == 130, err[-3000:]
-    job = next(line.split()[1].rstrip(":") for line in lines if ": run dir " in line)
-    rec = JobStore(home / "jobs.db").get(job)
-    assert rec.state == "CANCELLED" and rec.root_cause == why, rec.to_dict()
-    if how == "output-gone":  # stderr is still there: it says why
-        assert f"orchestrate: {why}" in err and f"job {job} CANCELLED: {why}" in err, err
-    else:  # the terminal is gone: its last words go to /dev/null
-        assert err == "", err
-    wait_gone([rank_pid], 10)
+    job, ranks = read_looping_ranks(proc, 1)
+    hang_up_cancels(proc, how, home, job)
+    wait_gone(ranks, 10)
+
 
 def test_killed_submitter_leaves_no_orphans(tmp_path, job_guard):
     prep, out = probe_prepared(tmp_path, 2, 1, "loop")

@@ -290,3 +290,23 @@ def test_ctrl_c_of_submitting_process_cancels_everything(testbed, trivial_job, r
     result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
     assert result["state"] == "CANCELLED" and "Ctrl-C" in result["root_cause"]
     assert gone < 5
+
+
+@pytest.mark.parametrize("how", ["sighup", "output-gone"])
+def test_hang_up_of_an_attached_cli_submit_cancels_the_ssh_job(testbed, tmp_path, job_guard, how):
+    """`orchestrate submit --cluster ssh.yaml` whose terminal hangs up (SIGHUP), or whose output's reader goes away
+    (`submit ... | head`): nothing of an SSH job runs on without its submitter, so the job is cancelled on every
+    host, recorded with the reason, exit 130 (on SLURM it runs on: tests/slurm)."""
+    import yaml
+    from helpers import PYTHON, hang_up_cancels, looping_job, read_looping_ranks
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(testbed.cluster()))
+    home = job_guard.home(tmp_path / "home")
+    proc = job_guard.spawn([PYTHON, "-m", "orchestrator.cli", "submit", str(looping_job(tmp_path)), "--nodes", "2",
+                            "--cluster", str(cluster)], env={**os.environ, "ORCHESTRATE_HOME": str(home)},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # SIGHUP at its default
+    job, ranks = read_looping_ranks(proc, 2)
+    job_guard.run_dir(*(remote_run_dir(testbed, h, job) for h in testbed.hosts[:2]))
+    tokens = [agent_info(testbed, h, job, n)["token"] for n, h in enumerate(testbed.hosts[:2])]
+    hang_up_cancels(proc, how, home, job)
+    wait_gone(ranks + tokens, timeout=10)  # (each rank leads a session, so a group, of its own)

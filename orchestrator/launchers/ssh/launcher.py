@@ -190,7 +190,6 @@ class SSHLauncher:
             raise PreflightError(Problem(getattr(e, "filename", None) or "staging",
                                          f"cannot read: {e.strerror}")) from None
         cache.save()
-        pool.check_cancel()  # hashing a large tree takes a while
         job = sub.extra["job_id"]
         links = {f"runs/{job}/staged/{t.label}": t.sha for t in trees[1:]}
         links[f"runs/{job}/output"] = layout.output_key
@@ -234,9 +233,8 @@ class SSHLauncher:
         try:
             if sub.extra.get("package") and not sub.extra["shared_fs"]:
                 sub, staged, sessions = self.stage(sub, local, pool)
-                pool.check_cancel()
+            # (every map of the pool checks `cancel` as it begins and ends, and while it waits)
             pool, probes = self.preflight(sub, local, pool, sessions)
-            pool.check_cancel()
         except BaseException:
             for session in list((sessions or {}).values()):  # a cancelled map's threads may still pop from it
                 session.close()

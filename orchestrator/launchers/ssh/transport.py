@@ -16,7 +16,6 @@ import shlex
 import contextlib
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -300,27 +299,15 @@ class Pool:
         return conn
 
     def map(self, fn: Callable[[str], Any], hosts: Iterable[str]) -> dict[str, Any]:
-        """fn(host) on every host in the pool's threads: {host: result or the exception raised}. With a cancel event
-        (`self.cancel`) the calling thread only waits, and raises SubmitCancelled as soon as the event is set."""
+        """fn(host) on every host, in up to `threads` daemon threads: {host: result or the Exception raised}. The
+        calling thread only waits; with a cancel event (`self.cancel`) it polls it every CANCEL_POLL_S and raises
+        SubmitCancelled as soon as it is set: a host that never answers (a connect or a read waiting out its
+        timeout) neither delays the cancel nor keeps the process alive after it, and hosts not begun are not begun.
+        A single host without a cancel event runs in the calling thread."""
         hosts = list(hosts)
-
-        def safe(h: str) -> Any:
-            try:
-                return fn(h)
-            except Exception as e:  # noqa: BLE001 - reported per host
-                return e
-
-        if self.cancel is not None:
-            return self._map_cancellable(safe, hosts)
-        if len(hosts) <= 1:
-            return {h: safe(h) for h in hosts}
-        with ThreadPoolExecutor(min(self.threads, len(hosts)), thread_name_prefix="ssh") as ex:
-            return dict(zip(hosts, ex.map(safe, hosts), strict=True))
-
-    def _map_cancellable(self, safe: Callable[[str], Any], hosts: list[str]) -> dict[str, Any]:
-        """map() in daemon threads, the caller polling the cancel event: a host that never answers (a connect or a
-        read waiting out its timeout) neither delays the cancel nor keeps the process alive after it."""
         self.check_cancel()
+        if not hosts:
+            return {}
         todo, results, lock, done = list(reversed(hosts)), {}, threading.Lock(), threading.Event()
 
         def work() -> None:
@@ -329,19 +316,27 @@ class Pool:
                     if not todo or (self.cancel is not None and self.cancel.is_set()):
                         return  # cancelled: the hosts not begun are not begun
                     host = todo.pop()
-                result = safe(host)
+                try:
+                    result = fn(host)
+                except BaseException as e:  # noqa: BLE001 - an Exception is the host's result; others re-raised below
+                    result = e
                 with lock:
                     results[host] = result
                     if len(results) == len(hosts):
                         done.set()
 
-        if not hosts:
-            return {}
-        for i in range(min(self.threads, len(hosts))):
-            threading.Thread(target=work, daemon=True, name=f"ssh-{i}").start()
-        while not done.wait(CANCEL_POLL_S):
-            self.check_cancel()
+        if len(hosts) == 1 and self.cancel is None:
+            work()
+        else:
+            for i in range(min(self.threads, len(hosts))):
+                threading.Thread(target=work, daemon=True, name=f"ssh-{i}").start()
+            while not done.wait(CANCEL_POLL_S if self.cancel is not None else None):
+                self.check_cancel()
         self.check_cancel()  # set as the last host finished: its result may already say "cancelled"
+        fatal = next((r for r in results.values() if isinstance(r, BaseException) and not isinstance(r, Exception)),
+                     None)
+        if fatal is not None:
+            raise fatal
         return {h: results[h] for h in hosts}
 
     def connect_all(self, hosts: Iterable[str]) -> dict[str, Connection | Exception]:
