@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
 import time
 from pathlib import Path
 
@@ -213,6 +215,64 @@ def test_large_stages_fan_out_host_to_host(private_testbed, tmp_path, monkeypatc
     s, tree, facts = _stage_dir(private_testbed, tmp_path, monkeypatch, 12 << 20)
     assert s.relayed == {h: "ok" for h in private_testbed.hosts}, s.relayed
     assert all(f.sent_bytes == tree.size for f in facts.values())
+
+
+def _staging_servers() -> list[int]:
+    """The private hosts' staging servers (`python -c ... serve WORKDIR`; every host is a namespace of this machine)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            zombie = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if b"\0serve\0" in cmd and WORK.encode() in cmd and not zombie:
+            found.append(int(pid))
+    return found
+
+
+def test_a_cancel_stops_a_relayed_push_at_once(private_testbed, tmp_path, monkeypatch):
+    """A submit's Ctrl-C (the pool's cancel event) in the middle of a relayed push (the submitter -> host 0 -> host
+    1 -> host 2, slowed down here to last seconds): the push stops within a poll, every host's staging server goes,
+    and a later stage of the same files leaves every host byte-right (nothing half-written counts as staged)."""
+    from orchestrator.core.spec import parse_cluster
+    from orchestrator.errors import SubmitCancelled
+    from orchestrator.launchers.ssh import stage as st
+    from orchestrator.launchers.ssh.transport import Pool
+    tb = private_testbed
+    src = tmp_path / "data"
+    src.mkdir()
+    for i in range(4):
+        (src / f"part{i}.bin").write_bytes(os.urandom(3 << 20))
+    payload = st.Stager._payload
+
+    def slow(self, batch, progress):  # 1 MiB chunks, 0.25 s each: 12 MiB take 3 s
+        return payload(self, batch, lambda n: (time.sleep(0.25), progress(n)))
+    monkeypatch.setattr(st.Stager, "_payload", slow)
+    cluster = parse_cluster({"kind": "ssh", "accelerator": "cpu", "ssh": tb.ssh_block(hosts=tb.hosts)}, source="<t>")
+    tree = st.make_tree("data", src, st.list_root(src), st.HashCache(None))
+    pool = Pool(cluster.ssh)
+    pool.cancel = threading.Event()
+    try:
+        s = st.Stager(pool, cluster.ssh, [tree], {}, ())
+        s.hello(list(tb.hosts))
+        assert all(s.hosts[h].missing for h in tb.hosts)
+        timer = threading.Timer(1.0, pool.cancel.set)
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(SubmitCancelled):
+            s.push()
+        took = time.monotonic() - t0
+    finally:
+        pool.close()
+    print(f"cancel 1.0 s into a 3 s relayed push: push ended after {took:.2f} s")
+    assert 1.0 <= took < 2.0, took
+    gone = time.monotonic() + 10
+    while _staging_servers() and time.monotonic() < gone:
+        time.sleep(0.05)
+    assert not _staging_servers(), "a host's staging server outlived the cancel"
+    monkeypatch.undo()
+    _stage_dir(tb, tmp_path, monkeypatch, 12 << 20)  # the same files again: every host byte-right (it checks)
 
 
 def test_a_broken_relay_hop_falls_back_to_direct_sends(private_testbed, tmp_path, monkeypatch):

@@ -714,9 +714,15 @@ class Stager:
                         pass
                 return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(len(hosts), thread_name_prefix="relay") as ex:  # every hop at once: a pipeline
-            out = dict(zip(hosts, ex.map(safe, range(len(hosts))), strict=True))
+        try:  # every hop at once (a pipeline); a submit's cancel closes every connection, ending each hop's stream
+            out = self.pool.map(lambda h: safe(hosts.index(h)), hosts, threads=len(hosts))
+        except SubmitCancelled:
+            if first is not None:  # and the first hop's direct stream: its sender stops, host 0 sees the end
+                try:
+                    first.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            raise
         broken = {h: why for h, why in out.items() if why != "ok"}
         if broken:
             logger.warning("staging relay: %s; those hosts get the files from here",

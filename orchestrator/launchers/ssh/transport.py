@@ -298,12 +298,12 @@ class Pool:
             old.close()
         return conn
 
-    def map(self, fn: Callable[[str], Any], hosts: Iterable[str]) -> dict[str, Any]:
-        """fn(host) on every host, in up to `threads` daemon threads: {host: result or the Exception raised}. The
-        calling thread only waits; with a cancel event (`self.cancel`) it polls it every CANCEL_POLL_S and raises
-        SubmitCancelled as soon as it is set: a host that never answers (a connect or a read waiting out its
-        timeout) neither delays the cancel nor keeps the process alive after it, and hosts not begun are not begun.
-        A single host without a cancel event runs in the calling thread."""
+    def map(self, fn: Callable[[str], Any], hosts: Iterable[str], threads: int | None = None) -> dict[str, Any]:
+        """fn(host) on every host, in up to `threads` (default: the pool's) daemon threads: {host: result or the
+        Exception raised}. The calling thread only waits; with a cancel event (`self.cancel`) it polls it every
+        CANCEL_POLL_S and raises SubmitCancelled as soon as it is set: a host that never answers (a connect or a read
+        waiting out its timeout) neither delays the cancel nor keeps the process alive after it, and hosts not begun
+        are not begun. A single host without a cancel event runs in the calling thread."""
         hosts = list(hosts)
         self.check_cancel()
         if not hosts:
@@ -328,7 +328,7 @@ class Pool:
         if len(hosts) == 1 and self.cancel is None:
             work()
         else:
-            for i in range(min(self.threads, len(hosts))):
+            for i in range(min(threads or self.threads, len(hosts))):
                 threading.Thread(target=work, daemon=True, name=f"ssh-{i}").start()
             while not done.wait(CANCEL_POLL_S if self.cancel is not None else None):
                 self.check_cancel()
