@@ -381,3 +381,80 @@ def test_cli_job_outlives_its_submitting_terminal(slurm_cluster, tmp_path, how):
                        "the job to end")
     assert final["state"] == "COMPLETED", final
     assert wait_clean(10) == {}, node_namespace_leftovers()
+
+
+@pytest.mark.parametrize("how", ["sigint", "sighup", "sigint-test-only"])
+def test_terminal_signal_while_sbatch_answers(slurm_cluster, tmp_path, job_guard, how):
+    """Ctrl-C or a hang-up of the submitting terminal (sent to its whole foreground process group) while sbatch runs
+    (a shim makes it take 3 s). sbatch, in a session of its own, is not interrupted (interrupted, it could die after
+    SLURM queued the job but before printing its id: a job nobody records), so orchestrate gets the job id and acts:
+    Ctrl-C -> the job stopped, CANCELLED, exit 130; hang-up -> it runs on under SLURM, exit 129, ends COMPLETED.
+    Ctrl-C during the `sbatch --test-only` check before it (slowed instead): CANCELLED at once, nothing queued."""
+    import shutil
+
+    import yaml
+    from orchestrator.launchers.slurm.launcher import read_job_id
+    from orchestrator.store import JobStore
+    real, bin_dir, started = shutil.which("sbatch"), tmp_path / "bin", tmp_path / "sbatch-started"
+    bin_dir.mkdir()
+    slow = "check" if how == "sigint-test-only" else "submit"  # which of sbatch's two calls takes 3 s
+    (bin_dir / "sbatch").write_text(f"""#!/bin/sh
+case "$1" in --test-only) call=check;; *) call=submit;; esac
+[ "$call" = {slow} ] || exec {real} "$@"
+touch {started}
+sleep 3
+exec {real} "$@"
+""")
+    (bin_dir / "sbatch").chmod(0o755)
+    script = tmp_path / "short.py"
+    script.write_text("import time\ntime.sleep(2)\nprint('SHORT done', flush=True)\n")
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump({"run": {"script": str(script)}}))
+    home = job_guard.home(tmp_path / "home")
+    env = dict(os.environ, ORCHESTRATE_HOME=str(home), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    cli = [sys.executable, "-m", "orchestrator.cli"]
+    proc = job_guard.spawn([*cli, "submit", str(job_file), "--nodes", "2", "--cluster",
+                            str(REPO / "cluster_configs" / "slurm_local.yaml"),
+                            f"cluster.slurm.python={sys.executable}", f"cluster.slurm.workdir={WORK}"], cwd=REPO,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)  # a process group of its own, like a shell's job
+    head = []
+    for line in proc.stdout:  # (printed before anything is submitted)
+        head.append(line)
+        if ": run dir " in line:
+            break
+    job = re.search(r"job (\S+): run dir", "".join(head))
+    assert job, "".join(head) + proc.communicate(timeout=60)[0]
+    job = job.group(1)
+    try:
+        wait_until(started.exists, 120, "sbatch to start")
+        os.killpg(proc.pid, signal.SIGHUP if how == "sighup" else signal.SIGINT)  # as the terminal does
+        out = "".join(head) + proc.communicate(timeout=120)[0]
+        rec = JobStore(home / "jobs.db").get(job)
+        slurm_id = read_job_id(rec.run_dir)
+        if how == "sigint-test-only":
+            assert proc.returncode == 130 and rec.state == "CANCELLED" and "Ctrl-C" in rec.root_cause, (
+                proc.returncode, rec.to_dict(), out[-3000:])
+            assert slurm_id is None and not subprocess.run(["squeue", "-h", "--name", job], capture_output=True,
+                                                           text=True).stdout.strip()
+            return
+        assert slurm_id, f"sbatch was interrupted: nothing submitted, or a job nobody records\n{out}"
+        if how == "sigint":
+            assert proc.returncode == 130 and rec.state == "CANCELLED" and "Ctrl-C" in rec.root_cause, (
+                proc.returncode, rec.to_dict(), out[-3000:])
+            # stopped: scancelled while queued, or (started meanwhile) its nodes stopped, the step failing
+            ended = wait_until(lambda: (lambda st: st if st.split()[:1] in (["CANCELLED"], ["FAILED"]) else None)(
+                sacct_state(slurm_id)), 60, "SLURM to record the job's end")
+            print(f"Ctrl-C while sbatch ran: CANCELLED, SLURM job {slurm_id} {ended}")
+        else:
+            assert proc.returncode == 129, rec.to_dict()
+
+            def final():
+                r = subprocess.run([*cli, "status", job, "--json"], cwd=REPO, env=env, capture_output=True,
+                                   text=True)
+                state = json.loads(r.stdout)["state"]
+                return state if state in ("COMPLETED", "FAILED", "CANCELLED") else None
+            assert wait_until(final, 180, "the job to end") == "COMPLETED"
+        assert wait_clean(10) == {}, node_namespace_leftovers()
+    finally:  # whatever happened, nothing of it stays queued (the SLURM job's name is orchestrate's job id)
+        subprocess.run(["scancel", "--name", job], capture_output=True, timeout=30)

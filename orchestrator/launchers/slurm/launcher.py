@@ -26,7 +26,7 @@ from orchestrator.node.rundir import RunDir
 from orchestrator.supervise import Beat, Line, NodeEnded, SchedulerEnd
 from orchestrator.types import JobHandle, JobState, JobStatus, NodeCommand, NodeStatus, Submission
 from orchestrator.launchers.slurm.sbatch import check_slurm, extra_option, render_sbatch, time_seconds
-from orchestrator.errors import ConfigError, LaunchError, Problem
+from orchestrator.errors import ConfigError, LaunchError, Problem, SubmitCancelled
 from orchestrator.core.jobplan import LaunchPlan
 
 # SLURM job state -> (orchestrate state, terminal?). Base states of `scontrol show job` / sacct.
@@ -77,6 +77,23 @@ def parse_kv(text: str) -> dict[str, str]:
         if sep and k not in out:
             out[k] = v
     return out
+
+
+def own_session_executor():
+    """submitit's SlurmExecutor whose `sbatch` runs in a session of its own (`setsid -w`, where util-linux has it).
+
+    A Ctrl-C or hang-up of the submitting terminal goes to its whole foreground process group: it would kill a
+    running sbatch, possibly after SLURM queued the job but before sbatch printed its id, leaving a job nobody
+    records or cancels. Kept out of that group, sbatch finishes; orchestrate's own handler has meanwhile asked for
+    the cancel (the supervisor scancels the returned job) or the detach (the job runs on)."""
+    import submitit
+
+    class OwnSessionExecutor(submitit.SlurmExecutor):
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            argv = super()._make_submission_command(submission_file_path)
+            return ["setsid", "-w", *argv] if shutil.which("setsid") else argv
+
+    return OwnSessionExecutor
 
 
 class SlurmLauncher:
@@ -135,24 +152,37 @@ class SlurmLauncher:
         return params
 
     # -------------------------------------------------------------- checks with the cluster
-    def preflight(self, script_path: Path | None = None) -> None:
-        """The SLURM tools exist, and SLURM itself accepts the job (`sbatch --test-only`)."""
+    def preflight(self, script_path: Path | None = None, cancel: threading.Event | None = None) -> None:
+        """The SLURM tools exist, and SLURM itself accepts the job (`sbatch --test-only`, in a session of its own
+        like sbatch (OwnSessionExecutor): a hang-up does not fail the check; `cancel` set stops it, SubmitCancelled)."""
         missing = [t for t in ("sbatch", "srun", "scontrol", "scancel") if shutil.which(t) is None]
         if missing:
             raise ConfigError(Problem(f"cluster {self._name!r}", f"{', '.join(missing)} not found on PATH: submit "
                                       "from a SLURM login node (or add SLURM's bin directory to PATH)"))
         if script_path is None:
             return
-        try:
-            r = subprocess.run(["sbatch", "--test-only", str(script_path)], capture_output=True, text=True,
-                               timeout=60)
-        except subprocess.TimeoutExpired:
-            raise LaunchError("sbatch --test-only did not answer within 60 s (is slurmctld up?)",
-                              host=self._name, argv=["sbatch", "--test-only"]) from None
-        if r.returncode == 0:
+        proc = subprocess.Popen(["sbatch", "--test-only", str(script_path)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _, stderr = proc.communicate(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                stop: Exception | None = None
+                if cancel is not None and cancel.is_set():
+                    stop = SubmitCancelled("cancelled during the `sbatch --test-only` check: nothing was submitted")
+                elif time.monotonic() > deadline:
+                    stop = LaunchError("sbatch --test-only did not answer within 60 s (is slurmctld up?)",
+                                       host=self._name, argv=["sbatch", "--test-only"])
+                if stop is not None:
+                    proc.kill()
+                    proc.communicate()
+                    raise stop from None
+        if proc.returncode == 0:
             return
-        err = " ".join(line.replace("sbatch: error:", "").strip() for line in r.stderr.splitlines()
-                       if "error" in line.lower()) or r.stderr.strip() or f"exit {r.returncode}"
+        err = " ".join(line.replace("sbatch: error:", "").strip() for line in stderr.splitlines()
+                       if "error" in line.lower()) or stderr.strip() or f"exit {proc.returncode}"
         where = f"cluster {self._name!r}"
         if "partition" in err.lower():
             where = "slurm.partition" if self._slurm and self._slurm.partition else \
@@ -170,14 +200,17 @@ class SlurmLauncher:
 
     # -------------------------------------------------------------- side effects
     def submit(self, submission: Submission, run_dir: RunDir, cancel: threading.Event | None = None) -> "SlurmJob":
-        """One sbatch (nothing to cancel part-way: the supervisor scancels the job it returns)."""
+        """One sbatch. `cancel` set before it (during the `--test-only` check): SubmitCancelled, nothing submitted.
+        sbatch itself is not interrupted (OwnSessionExecutor): a cancel or hang-up that comes meanwhile is the
+        supervisor's to act on, with the job id sbatch returns (scancel, or detach)."""
         run_dir.mkdir(RunDir.LOGS)
         run_dir.write_files(submission.files)
-        self.preflight(run_dir.path(RunDir.SBATCH))
-        import submitit
+        self.preflight(run_dir.path(RunDir.SBATCH), cancel)
+        if cancel is not None and cancel.is_set():
+            raise SubmitCancelled("cancelled before sbatch: nothing was submitted")
         from orchestrator.launchers.slurm.task import AgentTask
         run_dir.mkdir("submitit")
-        ex = submitit.SlurmExecutor(folder=str(run_dir.root / "submitit" / "%j"), python=submission.extra["python"],
+        ex = own_session_executor()(folder=str(run_dir.root / "submitit" / "%j"), python=submission.extra["python"],
                                     max_num_timeout=int(submission.extra["max_restarts"]))
         ex.update_parameters(**submission.extra["submitit"])
         task = AgentTask(str(run_dir.root), list(submission.nodes[0].argv), int(submission.extra["max_restarts"]),
@@ -203,7 +236,8 @@ class SlurmLauncher:
         self.preflight(script)
         old = os.umask(0o077)  # sbatch hands its umask to the job (SLURM_UMASK): the job's files are owner-only
         try:
-            r = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60)
+            r = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60,
+                               start_new_session=True)  # (see OwnSessionExecutor)
         finally:
             os.umask(old)
         if r.returncode != 0:
