@@ -428,8 +428,10 @@ exec {real} "$@"
     job = job.group(1)
     try:
         wait_until(started.exists, 120, "sbatch to start")
+        t0 = time.monotonic()
         os.killpg(proc.pid, signal.SIGHUP if how == "sighup" else signal.SIGINT)  # as the terminal does
         out = "".join(head) + proc.communicate(timeout=120)[0]
+        took = time.monotonic() - t0
         rec = JobStore(home / "jobs.db").get(job)
         slurm_id = read_job_id(rec.run_dir)
         if how == "sigint-test-only":
@@ -437,6 +439,8 @@ exec {real} "$@"
                 proc.returncode, rec.to_dict(), out[-3000:])
             assert slurm_id is None and not subprocess.run(["squeue", "-h", "--name", job], capture_output=True,
                                                            text=True).stdout.strip()
+            print(f"Ctrl-C during the check: CANCELLED, exit after {took:.2f} s")
+            assert took < 2.0, f"the check (its shim sleeping 3 s included) was not stopped at once: {took:.2f} s"
             return
         assert slurm_id, f"sbatch was interrupted: nothing submitted, or a job nobody records\n{out}"
         if how == "sigint":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -80,18 +81,23 @@ def parse_kv(text: str) -> dict[str, str]:
 
 
 def own_session_executor():
-    """submitit's SlurmExecutor whose `sbatch` runs in a session of its own (`setsid -w`, where util-linux has it).
+    """submitit's SlurmExecutor whose `sbatch` runs in a session of its own (`setsid`, where the system has it), when
+    this process answers SIGINT with a handler of its own (orchestrate's CLI: it only records the request).
 
     A Ctrl-C or hang-up of the submitting terminal goes to its whole foreground process group: it would kill a
     running sbatch, possibly after SLURM queued the job but before sbatch printed its id, leaving a job nobody
     records or cancels. Kept out of that group, sbatch finishes; orchestrate's own handler has meanwhile asked for
-    the cancel (the supervisor scancels the returned job) or the detach (the job runs on)."""
+    the cancel (the supervisor scancels the returned job) or the detach (the job runs on). Under Python's default
+    SIGINT (a library caller), a KeyboardInterrupt would leave submitit without waiting for the id: there sbatch
+    stays in the caller's group and dies with it, as it always did."""
     import submitit
+
+    apart = shutil.which("setsid") is not None and signal.getsignal(signal.SIGINT) is not signal.default_int_handler
 
     class OwnSessionExecutor(submitit.SlurmExecutor):
         def _make_submission_command(self, submission_file_path: Path) -> list[str]:
             argv = super()._make_submission_command(submission_file_path)
-            return ["setsid", "-w", *argv] if shutil.which("setsid") else argv
+            return ["setsid", *argv] if apart else argv  # (not a group leader: setsid execs, no fork to wait for)
 
     return OwnSessionExecutor
 
@@ -164,21 +170,32 @@ class SlurmLauncher:
         proc = subprocess.Popen(["sbatch", "--test-only", str(script_path)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         deadline = time.monotonic() + 60
-        while True:
+
+        def stop_check() -> None:  # the whole session (an sbatch wrapper's children too); it submits nothing
             try:
-                _, stderr = proc.communicate(timeout=0.1)
-                break
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                proc.communicate(timeout=5)
             except subprocess.TimeoutExpired:
-                stop: Exception | None = None
-                if cancel is not None and cancel.is_set():
-                    stop = SubmitCancelled("cancelled during the `sbatch --test-only` check: nothing was submitted")
-                elif time.monotonic() > deadline:
-                    stop = LaunchError("sbatch --test-only did not answer within 60 s (is slurmctld up?)",
-                                       host=self._name, argv=["sbatch", "--test-only"])
-                if stop is not None:
-                    proc.kill()
-                    proc.communicate()
-                    raise stop from None
+                proc.kill()
+                proc.wait()
+        try:
+            while True:
+                try:
+                    _, stderr = proc.communicate(timeout=0.1)
+                    break
+                except subprocess.TimeoutExpired:
+                    if cancel is not None and cancel.is_set():
+                        raise SubmitCancelled("cancelled during the `sbatch --test-only` check: nothing was "
+                                              "submitted") from None
+                    if time.monotonic() > deadline:
+                        raise LaunchError("sbatch --test-only did not answer within 60 s (is slurmctld up?)",
+                                          host=self._name, argv=["sbatch", "--test-only"]) from None
+        except BaseException:  # (a KeyboardInterrupt of a library caller too)
+            stop_check()
+            raise
         if proc.returncode == 0:
             return
         err = " ".join(line.replace("sbatch: error:", "").strip() for line in stderr.splitlines()

@@ -303,8 +303,9 @@ class Pool:
         Exception raised}. The calling thread only waits; with a cancel event (`self.cancel`) it polls it every
         CANCEL_POLL_S and raises SubmitCancelled as soon as it is set: a host that never answers (a connect or a read
         waiting out its timeout) neither delays the cancel nor keeps the process alive after it, and hosts not begun
-        are not begun. A single host without a cancel event runs in the calling thread."""
-        hosts = list(hosts)
+        are not begun. A single host without a cancel event runs in the calling thread. The threads are daemons: a
+        caller that stops waiting (an exception, the process ending) leaves what they were doing unfinished."""
+        hosts = list(dict.fromkeys(hosts))  # (each host once: results are per host)
         self.check_cancel()
         if not hosts:
             return {}
