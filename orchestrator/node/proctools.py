@@ -1,6 +1,7 @@
 """Process facts from /proc (Linux): who is in a group, who carries a job's marker, is a pid alive
-(zombies count as dead), and signalling that tolerates races. Used by the node agent, the launchers
-and the tests.
+(zombies count as dead), signalling that tolerates races, and running a short command in a session of
+its own that a cancel or a deadline stops whole (`run_apart`). Used by the node agent, the launchers and
+the tests.
 
 Why a marker: torchrun starts every worker in a NEW session (start_new_session=True), so killing the
 launcher's process group misses the ranks, and a rank whose launcher died is re-parented to init.
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import threading
 import time
 
 
@@ -213,3 +216,35 @@ def kill_marked(token: str, grace: float = 5.0, poll: float = 0.05) -> float:
         signal_pids(pids, signal.SIGKILL)
         time.sleep(poll)
     return time.monotonic() - t0
+
+
+class Cancelled(Exception):
+    """`run_apart`'s command was stopped because its cancel event was set."""
+
+
+def run_apart(argv: list[str], timeout: float, cancel: threading.Event | None = None,
+              poll: float = 0.1) -> subprocess.CompletedProcess:
+    """Run `argv` to its end in a session of its own (out of the terminal's process group: a Ctrl-C or hang-up
+    sent to the group does not reach it), its output captured as text. `cancel` set: its whole session is killed
+    within `poll` seconds and Cancelled raised; past `timeout` seconds: killed the same way, TimeoutExpired.
+    Any other exception in the caller's thread while it runs (a KeyboardInterrupt) kills it too and propagates."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                out, err = proc.communicate(timeout=poll)
+                return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(argv[0]) from None
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(argv, timeout) from None
+    except BaseException:
+        signal_group(proc.pid, signal.SIGKILL)  # the whole session (a wrapper's children keep the pipes open)
+        try:
+            proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise

@@ -10,6 +10,7 @@ which rank, which exit code, from the agents' exit.json and the node logs).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ from typing import Iterator
 from orchestrator.launchers.base import run_dir_logs
 from orchestrator.node.agent import agent_argv
 from orchestrator.node.heartbeat import HeartbeatTail
+from orchestrator.node.proctools import Cancelled, run_apart
 from orchestrator.node.rundir import RunDir
 from orchestrator.supervise import Beat, Line, NodeEnded, SchedulerEnd
 from orchestrator.types import JobHandle, JobState, JobStatus, NodeCommand, NodeStatus, Submission
@@ -80,7 +82,8 @@ def parse_kv(text: str) -> dict[str, str]:
     return out
 
 
-def own_session_executor():
+@functools.cache
+def own_session_executor() -> type:
     """submitit's SlurmExecutor whose `sbatch` runs in a session of its own (`setsid`, where the system has it), when
     this process answers SIGINT with a handler of its own (orchestrate's CLI: it only records the request).
 
@@ -89,14 +92,15 @@ def own_session_executor():
     records or cancels. Kept out of that group, sbatch finishes; orchestrate's own handler has meanwhile asked for
     the cancel (the supervisor scancels the returned job) or the detach (the job runs on). Under Python's default
     SIGINT (a library caller), a KeyboardInterrupt would leave submitit without waiting for the id: there sbatch
-    stays in the caller's group and dies with it, as it always did."""
+    stays in the caller's group and dies with it, as it always did. (Built once, on first use: importing submitit
+    costs start-up time that only a SLURM submit should pay.)"""
     import submitit
-
-    apart = shutil.which("setsid") is not None and signal.getsignal(signal.SIGINT) is not signal.default_int_handler
 
     class OwnSessionExecutor(submitit.SlurmExecutor):
         def _make_submission_command(self, submission_file_path: Path) -> list[str]:
             argv = super()._make_submission_command(submission_file_path)
+            apart = shutil.which("setsid") is not None and \
+                signal.getsignal(signal.SIGINT) is not signal.default_int_handler
             return ["setsid", *argv] if apart else argv  # (not a group leader: setsid execs, no fork to wait for)
 
     return OwnSessionExecutor
@@ -159,47 +163,29 @@ class SlurmLauncher:
 
     # -------------------------------------------------------------- checks with the cluster
     def preflight(self, script_path: Path | None = None, cancel: threading.Event | None = None) -> None:
-        """The SLURM tools exist, and SLURM itself accepts the job (`sbatch --test-only`, in a session of its own
-        like sbatch (OwnSessionExecutor): a hang-up does not fail the check; `cancel` set stops it, SubmitCancelled)."""
+        """The SLURM tools exist, and SLURM itself accepts the job (`sbatch --test-only`, run apart like sbatch (see
+        own_session_executor): a hang-up does not fail the check; `cancel` set stops it: SubmitCancelled, also when
+        it comes after the check, nothing having been submitted)."""
         missing = [t for t in ("sbatch", "srun", "scontrol", "scancel") if shutil.which(t) is None]
         if missing:
             raise ConfigError(Problem(f"cluster {self._name!r}", f"{', '.join(missing)} not found on PATH: submit "
                                       "from a SLURM login node (or add SLURM's bin directory to PATH)"))
         if script_path is None:
             return
-        proc = subprocess.Popen(["sbatch", "--test-only", str(script_path)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        deadline = time.monotonic() + 60
-
-        def stop_check() -> None:  # the whole session (an sbatch wrapper's children too); it submits nothing
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            try:
-                proc.communicate(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
         try:
-            while True:
-                try:
-                    _, stderr = proc.communicate(timeout=0.1)
-                    break
-                except subprocess.TimeoutExpired:
-                    if cancel is not None and cancel.is_set():
-                        raise SubmitCancelled("cancelled during the `sbatch --test-only` check: nothing was "
-                                              "submitted") from None
-                    if time.monotonic() > deadline:
-                        raise LaunchError("sbatch --test-only did not answer within 60 s (is slurmctld up?)",
-                                          host=self._name, argv=["sbatch", "--test-only"]) from None
-        except BaseException:  # (a KeyboardInterrupt of a library caller too)
-            stop_check()
-            raise
-        if proc.returncode == 0:
+            r = run_apart(["sbatch", "--test-only", str(script_path)], timeout=60, cancel=cancel)
+        except Cancelled:
+            raise SubmitCancelled("cancelled during the `sbatch --test-only` check: nothing was submitted") from None
+        except subprocess.TimeoutExpired:
+            raise LaunchError("sbatch --test-only did not answer within 60 s (is slurmctld up?)",
+                              host=self._name, argv=["sbatch", "--test-only"]) from None
+        if r.returncode == 0:
+            if cancel is not None and cancel.is_set():  # (came between the check's end and sbatch)
+                raise SubmitCancelled("cancelled before sbatch: nothing was submitted")
             return
+        stderr = r.stderr
         err = " ".join(line.replace("sbatch: error:", "").strip() for line in stderr.splitlines()
-                       if "error" in line.lower()) or stderr.strip() or f"exit {proc.returncode}"
+                       if "error" in line.lower()) or stderr.strip() or f"exit {r.returncode}"
         where = f"cluster {self._name!r}"
         if "partition" in err.lower():
             where = "slurm.partition" if self._slurm and self._slurm.partition else \
@@ -218,13 +204,11 @@ class SlurmLauncher:
     # -------------------------------------------------------------- side effects
     def submit(self, submission: Submission, run_dir: RunDir, cancel: threading.Event | None = None) -> "SlurmJob":
         """One sbatch. `cancel` set before it (during the `--test-only` check): SubmitCancelled, nothing submitted.
-        sbatch itself is not interrupted (OwnSessionExecutor): a cancel or hang-up that comes meanwhile is the
+        sbatch itself is not interrupted (own_session_executor): a cancel or hang-up that comes meanwhile is the
         supervisor's to act on, with the job id sbatch returns (scancel, or detach)."""
         run_dir.mkdir(RunDir.LOGS)
         run_dir.write_files(submission.files)
         self.preflight(run_dir.path(RunDir.SBATCH), cancel)
-        if cancel is not None and cancel.is_set():
-            raise SubmitCancelled("cancelled before sbatch: nothing was submitted")
         from orchestrator.launchers.slurm.task import AgentTask
         run_dir.mkdir("submitit")
         ex = own_session_executor()(folder=str(run_dir.root / "submitit" / "%j"), python=submission.extra["python"],
@@ -253,8 +237,10 @@ class SlurmLauncher:
         self.preflight(script)
         old = os.umask(0o077)  # sbatch hands its umask to the job (SLURM_UMASK): the job's files are owner-only
         try:
-            r = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60,
-                               start_new_session=True)  # (see OwnSessionExecutor)
+            r = run_apart(["sbatch", "--parsable", str(script)], timeout=60)  # (apart: see own_session_executor)
+        except subprocess.TimeoutExpired:
+            raise LaunchError("sbatch did not answer within 60 s (is slurmctld up?)", host=self._name,
+                              argv=["sbatch", str(script)]) from None
         finally:
             os.umask(old)
         if r.returncode != 0:

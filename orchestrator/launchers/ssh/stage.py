@@ -715,7 +715,8 @@ class Stager:
                 return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
         try:  # every hop at once (a pipeline); a submit's cancel closes every connection, ending each hop's stream
-            out = self.pool.map(lambda h: safe(hosts.index(h)), hosts, threads=len(hosts))
+            at = {h: i for i, h in enumerate(hosts)}  # (hosts are distinct: the spec refuses duplicates)
+            out = self.pool.map(lambda h: safe(at[h]), hosts, threads=len(hosts))
         except SubmitCancelled:
             if first is not None:  # and the first hop's direct stream: its sender stops, host 0 sees the end
                 try:
