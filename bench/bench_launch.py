@@ -107,8 +107,6 @@ def anchor(tb, cluster: Path, tmp: Path, i: int, steps: int) -> dict:
     prep = prepare(cluster, tmp, f"anchor{i}", steps, run_dir=str(d))
     api.write_files(prep.files, d)
     (d / "heartbeats").mkdir(exist_ok=True)
-    opts = ["-i", tb.key, "-p", str(tb.port), "-o", f"UserKnownHostsFile={tb.known_hosts}", "-o",
-            "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "KexAlgorithms=curve25519-sha256"]
     t0 = time.time()
     procs = []
     for r, host in enumerate(tb.hosts[:2]):
@@ -116,7 +114,7 @@ def anchor(tb, cluster: Path, tmp: Path, i: int, steps: int) -> dict:
                f"ORCHESTRATE_HEARTBEAT_DIR={d}/heartbeats "
                f"{tb.python} -m accelerate.commands.launch --config_file {d}/nodes/{r}/accelerate.yaml "
                f"-m recipes.run {d}/recipe.yaml")
-        procs.append(subprocess.Popen(["ssh", *opts, f"{tb.user}@{host}", cmd], stdout=subprocess.DEVNULL,
+        procs.append(subprocess.Popen(["ssh", *tb.ssh_options(), f"{tb.user}@{host}", cmd], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))
     rcs = [p.wait(timeout=600) for p in procs]
     assert rcs == [0, 0], rcs

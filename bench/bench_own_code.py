@@ -152,11 +152,10 @@ def main() -> int:
                       str(d / "nodes" / str(rank) / "accelerate.yaml"), str(script), model, str(data),
                       str(tmp / f"anchor{i}" / "out"), str(args.steps)] for rank in range(2)]
             if tb is not None:  # per node: ssh host 'cd REPO && GLOO_SOCKET_IFNAME=lo python -m accelerate.commands...'
-                opts = ["-i", tb.key, "-p", str(tb.port), "-o", f"UserKnownHostsFile={tb.known_hosts}", "-o",
-                        "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
                 offline = " ".join(f"{k}={v}" for k, v in OFFLINE.items())
-                argvs = [["ssh", *opts, f"{tb.user}@{host}", f"cd {shlex.quote(str(REPO))} && GLOO_SOCKET_IFNAME=lo "
-                          f"{offline} {shlex.join(argv)}"] for host, argv in zip(tb.hosts, argvs, strict=True)]
+                argvs = [["ssh", *tb.ssh_options(), f"{tb.user}@{host}",
+                          f"cd {shlex.quote(str(REPO))} && GLOO_SOCKET_IFNAME=lo {offline} {shlex.join(argv)}"]
+                         for host, argv in zip(tb.hosts, argvs, strict=True)]
             procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=node_env)
                      for argv in argvs]
             outs = [p.communicate(timeout=600)[0] for p in procs]

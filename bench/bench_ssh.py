@@ -54,9 +54,7 @@ def exec_open(tb, hosts) -> float:
 
 
 def pdsh(tb, hosts) -> float:
-    env = dict(os.environ, PDSH_SSH_ARGS_APPEND=(
-        f"-p {tb.port} -i {tb.key} -o UserKnownHostsFile={tb.known_hosts} -o StrictHostKeyChecking=yes "
-        "-o BatchMode=yes -o IdentitiesOnly=yes -o KexAlgorithms=curve25519-sha256"))
+    env = dict(os.environ, PDSH_SSH_ARGS_APPEND=" ".join(tb.ssh_options()))
     t0 = time.perf_counter()
     p = subprocess.run(["pdsh", "-R", "ssh", "-f", "256", "-l", tb.user, "-w", ",".join(hosts), "true"], env=env,
                        capture_output=True, text=True)

@@ -145,13 +145,8 @@ def verify(tb, hosts: list[str], top: str, want: dict, what: str, extra: str = "
 
 # ----------------------------------------------------------------------------------------- the sides
 
-def ssh_opts(tb) -> list[str]:
-    return ["-p", str(tb.port), "-i", tb.key, "-o", f"UserKnownHostsFile={tb.known_hosts}",
-            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "KexAlgorithms=curve25519-sha256"]
-
-
 def rsync_argv(tb, src: Path, host: str, flags: list[str]) -> list[str]:
-    e = " ".join(shlex.quote(w) for w in ["ssh", *ssh_opts(tb)])
+    e = " ".join(shlex.quote(w) for w in ["ssh", *tb.ssh_options()])
     return ["rsync", *flags, "-e", e, f"{src}/", f"{tb.user}@{host}:{ANCHOR_DIR}/data/"]
 
 
@@ -177,7 +172,7 @@ def run_rsync_parallel(tb, src: Path, hosts: list[str], flags: list[str]) -> flo
 
 
 def run_pdcp(tb, src: Path, hosts: list[str]) -> float:
-    env = dict(os.environ, PDSH_SSH_ARGS_APPEND=" ".join(ssh_opts(tb)))
+    env = dict(os.environ, PDSH_SSH_ARGS_APPEND=" ".join(tb.ssh_options()))
     argv = ["pdcp", "-R", "ssh", "-f", str(max(32, len(hosts))), "-l", tb.user, "-w", ",".join(hosts), "-r",
             str(src), f"{ANCHOR_DIR}/"]
     t0 = now()

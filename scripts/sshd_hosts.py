@@ -87,6 +87,13 @@ class Testbed:
         block.update(over)
         return block
 
+    def ssh_options(self) -> list[str]:
+        """OpenSSH client options for these hosts (the benches' anchors: ssh, rsync -e, pdsh), checking host keys
+        like orchestrate does and with the key exchange paramiko uses, so both sides pay the same handshake."""
+        return ["-p", str(self.port), "-i", self.key, "-o", f"UserKnownHostsFile={self.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+                "-o", "KexAlgorithms=curve25519-sha256"]
+
     def cluster(self, name: str = "testlab", hosts: list[str] | None = None, **ssh_over) -> dict:
         """A whole cluster file on these hosts (default: the first two): kind ssh, cpu, over loopback."""
         return {"kind": "ssh", "name": name, "accelerator": "cpu", "network_interface": "lo",

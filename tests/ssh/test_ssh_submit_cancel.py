@@ -14,24 +14,16 @@ import time
 import pytest
 import yaml
 
-from helpers import PYTHON, cli
+from helpers import PYTHON, cli, processes
 
 SILENT_TIMEOUT_S = 30  # the silent host would hold the pre-flight this long without the cancel
 
 
 def _job_processes(job: str, workdir: str) -> list[int]:
-    """Processes on this machine (every testbed host is an sshd of it) that are the job's: its node agents (their
-    command line names the job) or the healthy host's staging server (`python -c ... serve WORKDIR`)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        if (job in cmd and "orchestrator.node" in cmd) or ("\0serve\0" in cmd and workdir in cmd):
-            found.append(int(pid))
-    return found
+    """Processes that are the job's: its node agents (their command line names the job) or the healthy host's
+    staging server (`python -c ... serve WORKDIR`)."""
+    j, w = job.encode(), workdir.encode()
+    return processes(lambda cmd: (j in cmd and b"orchestrator.node" in cmd) or (b"\0serve\0" in cmd and w in cmd))
 
 
 @pytest.mark.fault

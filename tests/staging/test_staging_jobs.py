@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import cli
+from helpers import cli, processes
 from private_hosts import host_read_bytes, host_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -219,16 +219,7 @@ def test_large_stages_fan_out_host_to_host(private_testbed, tmp_path, monkeypatc
 
 def _staging_servers() -> list[int]:
     """The private hosts' staging servers (`python -c ... serve WORKDIR`; every host is a namespace of this machine)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            zombie = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-        except OSError:
-            continue
-        if b"\0serve\0" in cmd and WORK.encode() in cmd and not zombie:
-            found.append(int(pid))
-    return found
+    return processes(lambda cmd: b"\0serve\0" in cmd and WORK.encode() in cmd)
 
 
 def test_a_cancel_stops_a_relayed_push_at_once(private_testbed, tmp_path, monkeypatch):
