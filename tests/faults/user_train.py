@@ -2,7 +2,10 @@
 chat `messages` JSONL, on CPU. Every rank prints `USER_PARAMS {"rank", "sha", "world"}` when training returns (its
 parameters' hash: equal on every rank iff gradients were synced).
 
-usage: user_train.py MODEL_DIR DATA_JSONL OUTPUT_DIR MAX_STEPS
+usage: user_train.py MODEL_DIR DATA_JSONL OUTPUT_DIR MAX_STEPS [RAISE_ON_RANK1_AT_STEP]
+
+With the fifth argument, rank 1 raises `RuntimeError: loss is nan at step N` from a callback at that step, as a
+user's own check would.
 """
 
 import hashlib
@@ -12,7 +15,16 @@ import sys
 
 from datasets import load_dataset
 from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer,
-                          TrainingArguments)
+                          TrainerCallback, TrainingArguments)
+
+
+class NanCheck(TrainerCallback):
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.at and os.environ.get("RANK") == "1":
+            raise RuntimeError(f"loss is nan at step {state.global_step}")
 
 
 def main() -> None:
@@ -28,7 +40,8 @@ def main() -> None:
                              learning_rate=3e-3, logging_steps=1, save_strategy="no", use_cpu=True, report_to="none",
                              disable_tqdm=True, dataloader_num_workers=0, seed=42)
     trainer = Trainer(model=model, args=args, train_dataset=ds,
-                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
+                      callbacks=[NanCheck(int(sys.argv[5]))] if len(sys.argv) > 5 else None)
     trainer.train()
     sha = hashlib.sha256()
     for p in model.parameters():

@@ -5,13 +5,14 @@ with live logs from both nodes and the job recorded in the store. Slow."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
 
 import pytest
 
-from helpers import OFFLINE_ENV, PYTHON, run
+from helpers import OFFLINE_ENV, PYTHON, heartbeats, run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,6 +53,18 @@ def test_trl_sft_subcommand_on_two_local_nodes(tmp_path, tiny_model, job_guard):
     assert rc == 0, text[-4000:]
     m = re.search(r"^job (\S+) COMPLETED", text, re.MULTILINE)
     assert m, text[-3000:]
+    assert "world      2 node(s) x 1 process(es) = 2" in text, text[:3000]
     assert " -m trl.scripts.sft " in text and "--use_cpu true" in text
+    assert "[localhost node0] " in text and "[localhost node1] " in text  # live logs of both nodes
     assert (out / "model.safetensors").exists()
-    assert recorded(m.group(1))["state"] == "COMPLETED"
+    rec = recorded(m.group(1))
+    assert rec["state"] == "COMPLETED"
+    losses = {}
+    for rank in (0, 1):  # written by the zero-code hooks into TRL's SFTTrainer: TRL's script writes none
+        recs = heartbeats(Path(rec["run_dir"]), rank)
+        steps = [x for x in recs if x["event"] == "step"]
+        assert [x["step"] for x in steps] == [1, 2, 3, 4] and recs[-1]["event"] == "end", recs
+        logged = [x["loss"] for x in steps if x["step"] % 2 == 0]  # the example logs every 2 steps
+        assert len(logged) == 2 and all(isinstance(v, float) and math.isfinite(v) for v in logged), steps
+        losses[rank] = logged
+    assert losses[0] == losses[1], losses  # the Trainer logs the loss averaged over the ranks: one run, not two
