@@ -187,19 +187,36 @@ def cli_env(tmp_path_factory):
      "run.args.per_device_train_batch_size: must be an integer, got 'two'"),
     ("run: {script: train.py, args: [--output_dir, o]}\nrecipe: sft", "recipe: give either recipe:"),
 ])
-def test_cli_refuses_bad_run_blocks_with_exit_2_and_one_line(tmp_path, cli_env, text, needle):
+@pytest.mark.parametrize("command", ["render", "submit"])
+def test_cli_refuses_bad_run_blocks_with_exit_2_and_one_line(tmp_path, cli_env, text, needle, command):
+    """`render` and a real `submit` (2 local nodes): exit 2, one line naming the key, nothing written or recorded."""
     (tmp_path / "train.py").write_text("print('hi')\n")
     (tmp_path / "sub").mkdir()
     (tmp_path / "bad.yaml").write_text(text + "\n")
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "render", "bad.yaml", "--out", str(out)],
+    home = Path(cli_env["ORCHESTRATE_HOME"])
+    before = sorted(p.relative_to(home) for p in home.rglob("*") if "runs" in p.parts or p.name == "jobs.db")
+    argv = ["render", "bad.yaml", "--out", str(out)] if command == "render" else ["submit", "bad.yaml", "--nodes", "2"]
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", *argv],
                        cwd=tmp_path, env={**cli_env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("orchestrate: error: bad.yaml: "), r.stderr
     assert needle.format(cwd=tmp_path.resolve()) in lines[0]
-    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "sub", "train.py"]  # no out/, no outputs/
+    assert sorted(p.relative_to(home) for p in home.rglob("*") if "runs" in p.parts or p.name == "jobs.db") == before
+
+
+def test_contract_doc_own_code_block_is_a_valid_job(tmp_path):
+    """docs/CONTRACT.md's `run:` schema block parses as a job (its script made to exist)."""
+    text = (REPO / "docs" / "CONTRACT.md").read_text().split("## Own-code job YAML", 1)[1]
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "train.py").write_text("")
+    spec = parse_job(yaml.safe_load(block.replace("script: train.py", f"script: {tmp_path / 'train.py'}")),
+                     source="doc.yaml", trainer_fields=lambda key: KINDS, trl_commands=lambda: TABLE)
+    assert isinstance(spec, RunJobSpec) and spec.run.kind == "script"
+    assert spec.run.argv() == ("--learning_rate", "2e-5") and spec.health.stall_timeout == 300
 
 
 def test_cli_render_shows_the_run_kind_and_the_exact_command(tmp_path, cli_env):
