@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -20,6 +22,16 @@ pytestmark = pytest.mark.slow
 
 def _result(out: str, prefix: str) -> list[dict]:
     return [json.loads(x[len(prefix):]) for x in out.splitlines() if x.startswith(prefix)]
+
+
+def tb_events(path: Path):
+    """The Event records of a TensorBoard event file (TFRecord framing: length, its CRC, data, the data's CRC)."""
+    from tensorboardX.proto import event_pb2
+    data, i = path.read_bytes(), 0
+    while i < len(data):
+        n = struct.unpack("<Q", data[i:i + 8])[0]
+        yield event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+        i += 12 + n + 4
 
 
 def _steps(recs: list[dict]) -> list[dict]:
@@ -53,7 +65,8 @@ def test_hf_trainer_script_gets_heartbeats_on_every_rank(launch_user, tiny_model
 def test_hf_trainer_signal_saves_then_auto_resume(launch_user, tiny_model, tmp_path):
     hb, out_dir = tmp_path / "hb", tmp_path / "out"
     args = [tiny_model, str(DATA), str(out_dir)]
-    run = launch_user("train_hf.py", args + ["100000"], env={"ORCHESTRATE_HEARTBEAT_DIR": hb}, tag="pre")
+    job = {"ORCHESTRATE_JOB_ID": "job-tb", "REPORT_TO": "tensorboard"}  # (the user's own report_to)
+    run = launch_user("train_hf.py", args + ["100000"], env={"ORCHESTRATE_HEARTBEAT_DIR": hb, **job}, tag="pre")
     wait_for(lambda: all(len(_steps(records(hb / f"rank{r}.jsonl"))) >= 3 for r in (0, 1)), 240, run,
              "3 steps on both ranks")
     ranks = run.ranks("train_hf.py")
@@ -79,7 +92,7 @@ def test_hf_trainer_signal_saves_then_auto_resume(launch_user, tiny_model, tmp_p
 
     hb2 = tmp_path / "hb2"
     run = launch_user("train_hf.py", args + [str(saved + 3)],
-                      env={"ORCHESTRATE_HEARTBEAT_DIR": hb2, "ORCHESTRATE_RESUME": "auto"}, tag="post")
+                      env={"ORCHESTRATE_HEARTBEAT_DIR": hb2, "ORCHESTRATE_RESUME": "auto", **job}, tag="post")
     rc = run.wait(timeout=300)
     out = run.output
     assert rc == 0, out[-4000:]
@@ -90,6 +103,13 @@ def test_hf_trainer_signal_saves_then_auto_resume(launch_user, tiny_model, tmp_p
         steps = _steps(recs)
         assert [r["step"] for r in steps] == [saved + 1, saved + 2, saved + 3], recs
         assert recs[1]["event"] == "start" and recs[1]["step"] == saved and recs[-1]["event"] == "end"
+    # TensorBoard: both attempts in ONE run, <output_dir>/runs/<job id> (transformers' default: a dir per start),
+    # written by rank 0 only; the second attempt's losses go on from the checkpoint's step
+    assert [d.name for d in (out_dir / "runs").iterdir()] == ["job-tb"]
+    files = sorted((out_dir / "runs" / "job-tb").glob("events.out.tfevents.*"), key=lambda f: f.stat().st_mtime)
+    assert len(files) == 2, files
+    loss_steps = [[e.step for e in tb_events(f) for v in e.summary.value if v.tag == "train/loss"] for f in files]
+    assert loss_steps[0][:3] == [1, 2, 3] and loss_steps[1] == [saved + 1, saved + 2, saved + 3], loss_steps
 
 
 def test_plain_torch_loop_gets_one_record_per_optimizer_step(launch_user, tmp_path):

@@ -4,7 +4,9 @@
 - writes the "boot" start-up mark (with "proc_start", like recipes.run) to the rank's heartbeat file;
 - sets W&B defaults from ORCHESTRATE_JOB_ID where the user set none, so that every attempt of a job (restarts,
   requeues) logs into ONE run: WANDB_RUN_ID (rank 0: the job id; rank G > 0: <job id>-rank<G>), WANDB_RESUME=allow,
-  WANDB_RUN_GROUP=<job id>, WANDB_NAME (same as the id). TensorBoard needs nothing: it appends to its log dir;
+  WANDB_RUN_GROUP=<job id>, WANDB_NAME (same as the id). TensorBoard likewise (transformers >= 5, see
+  `_tensorboard_dir`): a Trainer whose log dir nobody chose logs to <output_dir>/runs/<job id>, one dir for every
+  attempt, where transformers' default is a new dir (one more run) per start;
 - puts a meta-path finder first on sys.meta_path that runs a hook right after a module of interest is executed:
   * `torch.optim.optimizer` -> `register_optimizer_step_post_hook`: one "step" record per optimizer step of this
     process (steps of the FIRST optimizer that steps; several optimizers count once per step), buffered
@@ -135,6 +137,7 @@ def _attach(trainer) -> None:
     except ImportError:  # imported through the package (tests), not from the hooks directory
         from orchestrator.node.hooks import orchestrate_trainer as ot
 
+    _tensorboard_dir(trainer)
     if os.environ.get("ORCHESTRATE_SAVE_ON_EACH_NODE") == "1" and hasattr(trainer.args, "save_on_each_node"):
         # hosts without a shared filesystem (docs/staging.md): every node keeps whole checkpoints, so each can resume
         trainer.args.save_on_each_node = True
@@ -146,6 +149,21 @@ def _attach(trainer) -> None:
         trainer.add_callback(preempt)  # before the heartbeat callback: it sees the save that preempt asks for
     trainer.add_callback(heartbeat)
     trainer._orchestrate_hooks = (preempt, heartbeat)
+
+
+def _tensorboard_dir(trainer) -> None:
+    """transformers' TensorBoardCallback logs to <output_dir>/runs/<start time>_<host> unless TENSORBOARD_LOGGING_DIR
+    is set: every restart or requeue of a job would show up as one more run. Where the user chose no dir, the job's
+    attempts share <output_dir>/runs/<job id> (TensorBoard reads every event file of a dir as one run; a resumed
+    Trainer goes on from the checkpoint's step). transformers 4 (no `logging_dir` on the callback): left alone."""
+    job = os.environ.get("ORCHESTRATE_JOB_ID", "").strip()
+    if not job or os.environ.get("TENSORBOARD_LOGGING_DIR"):
+        return
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in job)
+    for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
+        if type(cb).__name__ == "TensorBoardCallback" and getattr(cb, "logging_dir", "") is None \
+                and getattr(cb, "tb_writer", None) is None and getattr(trainer.args, "output_dir", None):
+            cb.logging_dir = os.path.join(trainer.args.output_dir, "runs", name)
 
 
 def _weights_on_each_node() -> None:
