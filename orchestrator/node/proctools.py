@@ -228,7 +228,8 @@ def run_apart(argv: list[str], timeout: float, cancel: threading.Event | None = 
     sent to the group does not reach it), its output captured as text. `cancel` set: its whole session is killed
     within `poll` seconds and Cancelled raised; past `timeout` seconds: killed the same way, TimeoutExpired.
     Any other exception in the caller's thread while it runs (a KeyboardInterrupt) kills it too and propagates."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8", errors="replace",
+                            start_new_session=True)
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -241,7 +242,8 @@ def run_apart(argv: list[str], timeout: float, cancel: threading.Event | None = 
                 if time.monotonic() > deadline:
                     raise subprocess.TimeoutExpired(argv, timeout) from None
     except BaseException:
-        signal_group(proc.pid, signal.SIGKILL)  # the whole session (a wrapper's children keep the pipes open)
+        if proc.returncode is None:  # (not reaped yet: its group id is still its own, never another's)
+            signal_group(proc.pid, signal.SIGKILL)  # the whole session (a wrapper's children keep the pipes open)
         try:
             proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:

@@ -30,7 +30,7 @@ SCRIPT = Path(__file__).with_name("user_train.py")
 
 
 def _user_job(backend: str, tmp_path: Path, request, job_guard, steps: int, health: dict, *extra: str,
-              script: Path = SCRIPT):
+              script: Path = SCRIPT, save_on_signal: bool = True):
     """(launcher, plan, run dir, hosts) of `user_train.py` (or `script`, with STEPS and `extra` for its arguments)
     as a `run: {script: ...}` job on 2 nodes of `backend`, its run dir written and guarded."""
     overrides: list[str] = []
@@ -52,7 +52,8 @@ def _user_job(backend: str, tmp_path: Path, request, job_guard, steps: int, heal
     else:
         args = [str(steps)]
     job = tmp_path / "my_job.yaml"
-    job.write_text(yaml.safe_dump({"run": {"script": str(script), "args": [*args, *extra]}, "health": health}))
+    job.write_text(yaml.safe_dump({"run": {"script": str(script), "args": [*args, *extra]}, "health": health,
+                                   "checkpoint": {"save_on_signal": save_on_signal}}))
     prep = api.prepare(str(job), str(cluster_file) if cluster_file else None, nodes=2, cwd=tmp_path,
                        overrides=overrides)
     rd = RunDir(prep.plan.run_dir)
@@ -93,7 +94,7 @@ def test_users_trainer_script_faults_are_named(backend, fault, tmp_path, request
     1.5 s of the kill; SIGSTOP: named hung within stall_timeout + 5 s (found by the injected Trainer hooks)."""
     launcher, plan, rd, hosts = _user_job(backend, tmp_path, request, job_guard, 100_000,
                                           {"stall_timeout": STALL, "startup_timeout": 300, "max_restarts": 0},
-                                          *(["3"] if fault == "raise" else []))
+                                          *(["3"] if fault == "raise" else []), save_on_signal=False)
     t0 = time.monotonic()
     job = jobrun.start(launcher, plan, rd.root)
     if fault == "raise":

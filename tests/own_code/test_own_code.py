@@ -105,6 +105,9 @@ def test_hf_trainer_signal_saves_then_auto_resume(launch_user, tiny_model, tmp_p
         assert recs[1]["event"] == "start" and recs[1]["step"] == saved and recs[-1]["event"] == "end"
     # TensorBoard: both attempts in ONE run, <output_dir>/runs/<job id> (transformers' default: a dir per start),
     # written by rank 0 only; the second attempt's losses go on from the checkpoint's step
+    import transformers
+    if int(transformers.__version__.split(".")[0]) < 5:  # (transformers 4: its own dir per start, left alone)
+        return
     assert [d.name for d in (out_dir / "runs").iterdir()] == ["job-tb"]
     files = sorted((out_dir / "runs" / "job-tb").glob("events.out.tfevents.*"), key=lambda f: f.stat().st_mtime)
     assert len(files) == 2, files

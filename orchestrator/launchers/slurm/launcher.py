@@ -239,8 +239,9 @@ class SlurmLauncher:
         try:
             r = run_apart(["sbatch", "--parsable", str(script)], timeout=60)  # (apart: see own_session_executor)
         except subprocess.TimeoutExpired:
-            raise LaunchError("sbatch did not answer within 60 s (is slurmctld up?)", host=self._name,
-                              argv=["sbatch", str(script)]) from None
+            raise LaunchError("sbatch did not answer within 60 s (is slurmctld up?); it may have queued the job "
+                              f"before it was stopped: look for job name {submission.extra.get('job_id')!r} in squeue",
+                              host=self._name, argv=["sbatch", str(script)]) from None
         finally:
             os.umask(old)
         if r.returncode != 0:

@@ -115,6 +115,7 @@ def _on_transformers_trainer(module) -> None:
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
+        _tensorboard_dir(self)
         if "_orchestrate_hooks" not in self.__dict__:
             try:
                 _attach(self)
@@ -137,7 +138,6 @@ def _attach(trainer) -> None:
     except ImportError:  # imported through the package (tests), not from the hooks directory
         from orchestrator.node.hooks import orchestrate_trainer as ot
 
-    _tensorboard_dir(trainer)
     if os.environ.get("ORCHESTRATE_SAVE_ON_EACH_NODE") == "1" and hasattr(trainer.args, "save_on_each_node"):
         # hosts without a shared filesystem (docs/staging.md): every node keeps whole checkpoints, so each can resume
         trainer.args.save_on_each_node = True
@@ -155,15 +155,23 @@ def _tensorboard_dir(trainer) -> None:
     """transformers' TensorBoardCallback logs to <output_dir>/runs/<start time>_<host> unless TENSORBOARD_LOGGING_DIR
     is set: every restart or requeue of a job would show up as one more run. Where the user chose no dir, the job's
     attempts share <output_dir>/runs/<job id> (TensorBoard reads every event file of a dir as one run; a resumed
-    Trainer goes on from the checkpoint's step). transformers 4 (no `logging_dir` on the callback): left alone."""
+    Trainer goes on from the checkpoint's step). transformers 4 (no `logging_dir` on the callback): left alone.
+    Never fails the user's Trainer."""
     job = os.environ.get("ORCHESTRATE_JOB_ID", "").strip()
     if not job or os.environ.get("TENSORBOARD_LOGGING_DIR"):
         return
-    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in job)
-    for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
-        if type(cb).__name__ == "TensorBoardCallback" and getattr(cb, "logging_dir", "") is None \
-                and getattr(cb, "tb_writer", None) is None and getattr(trainer.args, "output_dir", None):
-            cb.logging_dir = os.path.join(trainer.args.output_dir, "runs", name)
+    try:
+        for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
+            if type(cb).__name__ == "TensorBoardCallback" and getattr(cb, "logging_dir", "") is None \
+                    and getattr(cb, "tb_writer", None) is None and getattr(trainer.args, "output_dir", None):
+                cb.logging_dir = os.path.join(trainer.args.output_dir, "runs", _safe_job_name(job))
+    except Exception as e:  # noqa: BLE001
+        _warn(f"TensorBoard log dir left as it was: {type(e).__name__}: {e}")
+
+
+def _safe_job_name(job: str, limit: int = 64) -> str:
+    """The job id as a tracker run id / directory name: letters, digits, '-' and '_' only, at most `limit` long."""
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in job)[:limit]
 
 
 def _weights_on_each_node() -> None:
@@ -215,6 +223,7 @@ def _resume_arg(trainer, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 
 def _train(train, trainer, args: tuple, kwargs: dict):
+    _tensorboard_dir(trainer)  # (again: a TensorBoardCallback added after __init__)
     hooks = trainer.__dict__.get("_orchestrate_hooks")
     if not hooks:
         return train(trainer, *args, **kwargs)
@@ -490,7 +499,7 @@ def _tracker_defaults() -> None:
         return
     rank = hb.env_rank()
     suffix = f"-rank{rank}" if rank else ""
-    run_id = "".join(c if c.isalnum() or c in "-_" else "-" for c in job)[:64 - len(suffix)] + suffix
+    run_id = _safe_job_name(job, 64 - len(suffix)) + suffix
     if "WANDB_RUN_ID" not in env:
         env["WANDB_RUN_ID"] = run_id
         env.setdefault("WANDB_RESUME", "allow")
