@@ -6,6 +6,9 @@ callback of its own that prints when its first optimizer step ended) is the same
 
     python bench/bench_own_code.py [--repeat 8] [--steps 4]
     python bench/bench_own_code.py --backend ssh [--repeat 8]   # 2 real sshd hosts on loopback (needs root)
+    python bench/bench_own_code.py --bare                        # a third side: ours with the ranks' hooks and
+                                                                 # pre-flight off (ORCHESTRATE_HOOKS=0,
+                                                                 # health.preflight_timeout: 0): the dispatch alone
 
 With `--backend ssh` the two nodes are sshd hosts (scripts/sshd_hosts.py, a shared filesystem: `shared_fs: true`)
 and the hand-run is what a user types for a multi-node run without a scheduler: per node, at the same time,
@@ -19,6 +22,11 @@ process exists; for the hand-run, which starts them itself, just the process cre
 last rank process exists: accelerate and torchrun start-up, rendezvous), ranks (-> first optimizer step ended on
 rank 0: imports, orchestrate's pre-flight and hooks, model and data, the step). Results: bench/results/own_code.json
 (own_code_ssh.json with --backend ssh).
+
+CPU, per run, read when rank 0's first step ends (/proc): the machine's idle core-seconds since t0 (both sides), and
+the CPU-seconds orchestrate's own processes used by then (ours: the submitting CLI and the node agents; with --backend
+ssh the agents run on the same machine too). On this 2-core machine the hand-run keeps the cores busy most of the way,
+so ours' own CPU has little idle time to hide in (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -88,6 +96,49 @@ def phases(t0: float, launchers: list[float], ranks: float, first: float) -> dic
             "total": first - t0}
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def idle_core_s() -> float:
+    """Idle (and I/O-wait) time of all CPUs since boot, in core-seconds (/proc/stat)."""
+    v = open("/proc/stat").readline().split()[1:]
+    return (int(v[3]) + int(v[4])) / TICK
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU-seconds of a live process (0 when it is gone)."""
+    try:
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(f[11]) + int(f[12])) / TICK
+
+
+def run_until_first_step(procs: list[subprocess.Popen], at_first) -> list[str]:
+    """Read every process's output to its end; call at_first(output so far) once, when a line says rank 0's first
+    step has ended. Returns each process's output."""
+    import threading
+    outs: list[list[str]] = [[] for _ in procs]
+    lock, seen = threading.Lock(), []
+
+    def read(i: int) -> None:
+        for line in procs[i].stdout:
+            outs[i].append(line)
+            if "USER_FIRST_STEP" in line:
+                with lock:
+                    if not seen:
+                        seen.append(True)
+                        at_first("".join(x for o in outs for x in o))
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(len(procs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    for p in procs:
+        p.wait(timeout=60)
+    return ["".join(o) for o in outs]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeat", type=int, default=8)
@@ -95,6 +146,8 @@ def main() -> int:
     ap.add_argument("--backend", choices=("local", "ssh"), default="local")
     ap.add_argument("--base-ip", default="127.0.32.2", help="--backend ssh: the first host's address")
     ap.add_argument("--port", type=int, default=2232, help="--backend ssh: the hosts' sshd port")
+    ap.add_argument("--bare", action="store_true", help="also run ours with the ranks' hooks and pre-flight off "
+                    "(side 'bare', paired against the hand-run like ours)")
     args = ap.parse_args()
     env = {**os.environ, **OFFLINE}
     tmp = Path(tempfile.mkdtemp(prefix="bench-own-"))
@@ -107,10 +160,13 @@ def main() -> int:
     script.write_text(first_step_script(REPO / "tests" / "faults" / "user_train.py"))
     data = REPO / "recipes" / "data" / "sft_tiny.jsonl"
 
-    def job(tag: str) -> Path:
+    def job(tag: str, bare: bool = False) -> Path:
         p = tmp / f"{tag}.yaml"
-        p.write_text(json.dumps({"run": {"script": str(script), "args": [model, str(data), str(tmp / tag / "out"),
-                                                                         str(args.steps)]}}))
+        spec: dict = {"run": {"script": str(script), "args": [model, str(data), str(tmp / tag / "out"),
+                                                              str(args.steps)]}}
+        if bare:
+            spec["health"] = {"preflight_timeout": 0}
+        p.write_text(json.dumps(spec))
         return p
 
     cli = [sys.executable, "-m", "orchestrator.cli"]
@@ -127,11 +183,22 @@ def main() -> int:
         (tmp / "cluster.yaml").write_text(json.dumps(tb.cluster("bench", shared_fs=True)))
         where = ["--cluster", str(tmp / "cluster.yaml")]
     try:
-        def ours(i: int) -> float:
-            t0 = time.time()
-            r = subprocess.run([*cli, "submit", str(job(f"ours{i}")), "--nodes", "2", *where], capture_output=True,
-                               text=True, env=env, cwd=REPO, timeout=600)
-            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        def ours(i: int, bare: bool = False) -> dict[str, float]:
+            cpu: dict[str, float] = {}
+            side_env = {**env, "ORCHESTRATE_HOOKS": "0"} if bare else env  # (the agents pass it on to the ranks)
+            idle0, t0 = idle_core_s(), time.time()
+            p = subprocess.Popen([*cli, "submit", str(job(f"{'bare' if bare else 'ours'}{i}", bare)), "--nodes", "2",
+                                  *where], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=side_env,
+                                 cwd=REPO)
+
+            def at_first(text: str) -> None:  # the machine's idle time and our processes' CPU, by the first step
+                cpu["idle_core_s"] = idle_core_s() - idle0
+                rd = Path(re.search(r"run dir (\S+)", text).group(1))
+                agents = [json.loads((rd / "nodes" / str(n) / "agent.json").read_text())["agent_pid"] for n in range(2)]
+                cpu["own_cpu_s"] = cpu_s(p.pid) + sum(cpu_s(a) for a in agents)
+            out = run_until_first_step([p], at_first)[0]
+            r = subprocess.CompletedProcess(p.args, p.returncode, out, "")
+            assert r.returncode == 0, r.stdout[-5000:]
             run_dir = Path(re.search(r"run dir (\S+)", r.stdout).group(1))
             # (with ssh, shared_fs: true: the hosts use this same run dir)
             launchers = [json.loads((run_dir / "nodes" / str(n) / "agent.json").read_text())["proc_start"]
@@ -139,15 +206,16 @@ def main() -> int:
             parents = launcher_starts(r.stdout)  # the ranks' parents are the launchers the agents started
             assert all(abs(a - b) < 0.05 for a, b in zip(sorted(launchers), sorted(parents), strict=True)), (
                 launchers, parents)
-            return phases(t0, launchers, rank_start(r.stdout), first_step(r.stdout))
+            return {**phases(t0, launchers, rank_start(r.stdout), first_step(r.stdout)), **cpu}
 
-        def anchor(i: int) -> float:
+        def anchor(i: int) -> dict[str, float]:
             d = tmp / f"anchor{i}"
             r = subprocess.run([*cli, "render", str(job(f"anchor{i}")), "--nodes", "2", *where, "--out", str(d)],
                                capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
             assert r.returncode == 0, r.stderr
             node_env = {**env, "GLOO_SOCKET_IFNAME": "lo"}
-            t0 = time.time()
+            cpu: dict[str, float] = {}
+            idle0, t0 = idle_core_s(), time.time()
             argvs = [[sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                       str(d / "nodes" / str(rank) / "accelerate.yaml"), str(script), model, str(data),
                       str(tmp / f"anchor{i}" / "out"), str(args.steps)] for rank in range(2)]
@@ -158,9 +226,11 @@ def main() -> int:
                          for host, argv in zip(tb.hosts, argvs, strict=True)]
             procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=node_env)
                      for argv in argvs]
-            outs = [p.communicate(timeout=600)[0] for p in procs]
+            outs = run_until_first_step(procs, lambda _text: cpu.update(idle_core_s=idle_core_s() - idle0,
+                                                                        own_cpu_s=0.0))
             assert all(p.returncode == 0 for p in procs), outs[0][-2000:]
-            return phases(t0, launcher_starts(outs[0] + outs[1]), rank_start(outs[0] + outs[1]), first_step(outs[0]))
+            return {**phases(t0, launcher_starts(outs[0] + outs[1]), rank_start(outs[0] + outs[1]),
+                             first_step(outs[0])), **cpu}
 
         # as installed by pip (which byte-compiles): orchestrate's own modules load from .pyc in the CLI, the node
         # agents and the ranks' hooks, whatever PYTHONDONTWRITEBYTECODE says (the user's script is compiled alike on
@@ -168,29 +238,53 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "orchestrator"), str(REPO / "recipes")],
                        check=True)
         ours(99)  # warm the caches (model, datasets, page cache) for both sides
-        runs: dict[str, list[dict[str, float]]] = {"ours": [], "anchor": []}
-        for i in range(args.repeat):  # interleaved, ABBA (which side goes first alternates): drift hits both alike
-            for side in (("anchor", "ours") if i % 2 == 0 else ("ours", "anchor")):
-                runs[side].append((anchor if side == "anchor" else ours)(i))
+        sides = {"anchor": anchor, "ours": ours, **({"bare": lambda i: ours(i, bare=True)} if args.bare else {})}
+        runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+        for i in range(args.repeat):  # interleaved, ABBA (which side goes first alternates): drift hits all alike
+            for side in (list(sides) if i % 2 == 0 else list(reversed(sides))):
+                runs[side].append(sides[side](i))
             print(f"run {i}: " + "; ".join(f"{side} {r[-1]['total']:.2f}s (" + ", ".join(
                 f"{k} {v:.2f}" for k, v in r[-1].items() if k != "total") + ")" for side, r in runs.items()),
                 flush=True)
+        cores = os.cpu_count() or 1
         med = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items()}
         paired = sorted(o["total"] / a["total"] for o, a in zip(runs["ours"], runs["anchor"], strict=True))
         extra = {k: sorted(o[k] - a[k] for o, a in zip(runs["ours"], runs["anchor"], strict=True))
                  for k in ("dispatch", "launcher", "ranks")}
+        # busy core-seconds up to the first step (cores x time - idle), paired: how much more CPU work ours' window held
+        busy = {side: [cores * r["total"] - r["idle_core_s"] for r in rs] for side, rs in runs.items()}
+        busy_extra = sorted(o - a for o, a in zip(busy["ours"], busy["anchor"], strict=True))
+        idle_share = {side: statistics.median(r["idle_core_s"] / (cores * r["total"]) for r in rs)
+                      for side, rs in runs.items()}
         result = {"repeat": args.repeat, "steps": args.steps, "machine": f"{os.cpu_count()} cores",
                   "backend": args.backend,
                   "first_step_s": {side: m["total"] for side, m in med.items()}, "phases_median_s": med,
                   "ratio": med["ours"]["total"] / med["anchor"]["total"],
                   "paired_ratio_median": statistics.median(paired), "paired_ratio_range": [paired[0], paired[-1]],
                   "paired_extra_s_median": {k: statistics.median(v) for k, v in extra.items()},
-                  "paired_extra_s_range": {k: [v[0], v[-1]] for k, v in extra.items()}, "runs": runs}
+                  "paired_extra_s_range": {k: [v[0], v[-1]] for k, v in extra.items()},
+                  "idle_share_median": idle_share, "paired_busy_core_s_extra_median": statistics.median(busy_extra),
+                  "paired_busy_core_s_extra_range": [busy_extra[0], busy_extra[-1]], "runs": runs}
+        if "bare" in runs:  # hooks and pre-flight off: what is left is the dispatch
+            bare = sorted(o["total"] / a["total"] for o, a in zip(runs["bare"], runs["anchor"], strict=True))
+            bare_ranks = sorted(o["ranks"] - a["ranks"] for o, a in zip(runs["bare"], runs["anchor"], strict=True))
+            result.update(bare_paired_ratio_median=statistics.median(bare), bare_paired_ratio_range=[bare[0], bare[-1]],
+                          bare_paired_ranks_extra_s_median=statistics.median(bare_ranks))
         print(f"own code, time to first step (median of {args.repeat}): ours {med['ours']['total']:.2f}s, hand-run "
               f"accelerate launch {med['anchor']['total']:.2f}s, ratio of medians {result['ratio']:.3f}; paired median "
               f"{result['paired_ratio_median']:.3f}, range {paired[0]:.3f}-{paired[-1]:.3f} (goal <= 1.0)")
         print("ours minus hand-run, paired, median (range): " + ", ".join(
             f"{k} {statistics.median(v):+.2f}s ({v[0]:+.2f} to {v[-1]:+.2f})" for k, v in extra.items()))
+        if "bare" in runs:
+            print(f"ours with the ranks' hooks and pre-flight off (bare): median {med['bare']['total']:.2f}s; paired "
+                  f"ratio to the hand-run, median {result['bare_paired_ratio_median']:.3f} (range "
+                  f"{result['bare_paired_ratio_range'][0]:.3f}-{result['bare_paired_ratio_range'][1]:.3f}); ranks "
+                  f"phase minus the hand-run's, paired median {result['bare_paired_ranks_extra_s_median']:+.2f}s")
+        own = [r["own_cpu_s"] for r in runs["ours"]]
+        print(f"CPU by the first step, on {cores} cores: idle share (median) ours {idle_share['ours']:.1%}, hand-run "
+              f"{idle_share['anchor']:.1%}; orchestrate's own processes (CLI + agents) {statistics.median(own):.2f} "
+              f"CPU-s ({min(own):.2f}-{max(own):.2f}); busy core-s, ours minus hand-run, paired "
+              f"{statistics.median(busy_extra):+.2f} ({busy_extra[0]:+.2f} to {busy_extra[-1]:+.2f})")
         out = REPO / "bench" / "results"
         out.mkdir(parents=True, exist_ok=True)
         (out / ("own_code.json" if tb is None else "own_code_ssh.json")).write_text(json.dumps(result, indent=2) + "\n")
