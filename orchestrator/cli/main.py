@@ -21,6 +21,7 @@ from orchestrator.types import is_terminal
 EPILOG = """examples:
   orchestrate submit recipes/configs/sft_tiny.yaml
   orchestrate submit recipe.yaml --nodes 2 --cluster cluster_configs/ssh_example.yaml trainer.learning_rate=1e-4
+  orchestrate submit examples/own_code/my_job.yaml --nodes 2    # your own script (run: {script|module|trl, args})
   orchestrate render recipe.yaml --nodes 2 --out /tmp/plan
   orchestrate submit recipe.yaml --detach ; orchestrate attach JOB
   orchestrate ls | status JOB | logs JOB [-f] [--rank R|--node N] [--grep RE] | plot JOB | cancel JOB
