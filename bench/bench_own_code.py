@@ -208,6 +208,8 @@ def main() -> int:
                 launchers, parents)
             return {**phases(t0, launchers, rank_start(r.stdout), first_step(r.stdout)), **cpu}
 
+        anchor_failures: list[list[int]] = []
+
         def anchor(i: int) -> dict[str, float]:
             d = tmp / f"anchor{i}"
             r = subprocess.run([*cli, "render", str(job(f"anchor{i}")), "--nodes", "2", *where, "--out", str(d)],
@@ -228,9 +230,15 @@ def main() -> int:
                      for argv in argvs]
             outs = run_until_first_step(procs, lambda _text: cpu.update(idle_core_s=idle_core_s() - idle0,
                                                                         own_cpu_s=0.0))
-            assert all(p.returncode == 0 for p in procs), outs[0][-2000:]
-            return {**phases(t0, launcher_starts(outs[0] + outs[1]), rank_start(outs[0] + outs[1]),
-                             first_step(outs[0])), **cpu}
+            first = first_step(outs[0])  # (asserts that the first step was reached)
+            if any(p.returncode != 0 for p in procs):
+                # after its first step: what is measured stands. Seen once here over ssh (its output not kept): a
+                # launcher waited out torchelastic's 300 s exit barrier, which a node whose worker failed never
+                # reaches (a rank that dies at exit, e.g. pytorch#190489, which ours' hooks settle, does that)
+                anchor_failures.append([p.returncode for p in procs])
+                print(f"hand-run {i}: launchers exited {[p.returncode for p in procs]} after the first step; its "
+                      "time to first step counts", flush=True)
+            return {**phases(t0, launcher_starts(outs[0] + outs[1]), rank_start(outs[0] + outs[1]), first), **cpu}
 
         # as installed by pip (which byte-compiles): orchestrate's own modules load from .pyc in the CLI, the node
         # agents and the ranks' hooks, whatever PYTHONDONTWRITEBYTECODE says (the user's script is compiled alike on
@@ -264,7 +272,8 @@ def main() -> int:
                   "paired_extra_s_median": {k: statistics.median(v) for k, v in extra.items()},
                   "paired_extra_s_range": {k: [v[0], v[-1]] for k, v in extra.items()},
                   "idle_share_median": idle_share, "paired_busy_core_s_extra_median": statistics.median(busy_extra),
-                  "paired_busy_core_s_extra_range": [busy_extra[0], busy_extra[-1]], "runs": runs}
+                  "paired_busy_core_s_extra_range": [busy_extra[0], busy_extra[-1]],
+                  "hand_run_failures_after_first_step": anchor_failures, "runs": runs}
         if "bare" in runs:  # hooks and pre-flight off: what is left is the dispatch
             bare = sorted(o["total"] / a["total"] for o, a in zip(runs["bare"], runs["anchor"], strict=True))
             bare_ranks = sorted(o["ranks"] - a["ranks"] for o, a in zip(runs["bare"], runs["anchor"], strict=True))
