@@ -1,7 +1,8 @@
 """Own code on every backend (issue #12): a user's Hugging Face Trainer script that never imports orchestrate, as a
 `run: {script: ...}` job on 2 nodes on this machine (local), over real sshd hosts (ssh) and on the SLURM testbed:
 COMPLETED, per-step heartbeats from every rank written by the zero-code hooks, the same parameters on every rank
-(gradients synced); and the same script failing: a rank that raises, is SIGKILLed or SIGSTOPped is named. The
+(gradients synced); and the same script failing: a rank that raises, is SIGKILLed or SIGSTOPped is named; a rank
+that fails after the work while the others ended well ends the job at once (no 300 s exit barrier). The
 fault behaviour of a plain torch loop (SIGKILL, SIGSTOP named through torch's optimizer-step hook, sys.exit(3)) on
 every backend is tests/faults/test_faults.py."""
 
@@ -150,3 +151,30 @@ def test_a_loop_without_an_optimizer_is_named_hung_through_beat(tmp_path, reques
         f"(process {victim} is stopped)" in res.root_cause, res.root_cause
     assert "ranks 0 also silent" not in res.root_cause, res.root_cause  # rank 0 beats on: only rank 1 is named
     assert took <= STALL + 5, took
+
+
+@pytest.mark.health
+@pytest.mark.parametrize("backend", ["local", "ssh", "slurm"])
+def test_a_rank_failing_after_the_work_ends_the_job_at_once(backend, tmp_path, request, job_guard):
+    """Rank 1 exits 3 once the work is done, rank 0 ends well (tests/faults/exit_after_work.py, a plain gloo loop).
+    Node 1's torchrun exits without reaching torchelastic's exit barrier, where node 0's torchrun then waits 300 s
+    (what a hand-run per-node `accelerate launch` does). Here node 1's end is the root cause, named with its exit
+    code, and node 0 is torn down within seconds: FAILED, every process gone."""
+    launcher, plan, rd, hosts = _user_job(backend, tmp_path, request, job_guard, 5,
+                                          {"stall_timeout": 60, "startup_timeout": 120, "max_restarts": 0},
+                                          script=Path(__file__).with_name("exit_after_work.py"))
+    job = jobrun.start(launcher, plan, rd.root)
+    res = job.result(120)
+    ended = time.time()
+    tokens = [job_guard.token(a.token) for a in rd.agents().values()]
+    gone = wait_gone(lambda: [p for t in tokens if t for p in marked(t)], 20)
+    node1 = rd.exit(1)
+    host1 = hosts[1] or rd.agent(1).host  # (SLURM: the allocation's node, recorded by its agent)
+    print(f"{backend}, exit after the work: {res.state} {ended - node1.time:.2f}s after node 1 ended, all gone "
+          f"{gone:.2f}s later: {res.root_cause[:200]}")
+    assert (res.state, res.returncode) == ("FAILED", 3), res
+    assert res.root_cause.startswith(f"node 1 ({host1}) failed: rank 1 ") and "code 3" in res.root_cause, \
+        res.root_cause
+    assert "WORK_DONE rank 0" in rd.path(RunDir.log_rel(0)).read_text()  # rank 0 ended well: node 0 was waiting
+    assert node1.returncode != 0 and ended - node1.time <= 5, (node1, ended)
+    assert gone <= 5, gone
