@@ -149,6 +149,8 @@ def main() -> int:
     ap.add_argument("--bare", action="store_true", help="also run ours with the ranks' hooks and pre-flight off "
                     "(side 'bare', paired against the hand-run like ours)")
     args = ap.parse_args()
+    if args.bare and args.backend != "local":
+        ap.error("--bare is for --backend local (an SSH host's agent does not get this process's environment)")
     env = {**os.environ, **OFFLINE}
     tmp = Path(tempfile.mkdtemp(prefix="bench-own-"))
     env["ORCHESTRATE_HOME"] = str(tmp / "home")
