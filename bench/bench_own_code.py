@@ -199,16 +199,15 @@ def main() -> int:
                 agents = [json.loads((rd / "nodes" / str(n) / "agent.json").read_text())["agent_pid"] for n in range(2)]
                 cpu["own_cpu_s"] = cpu_s(p.pid) + sum(cpu_s(a) for a in agents)
             out = run_until_first_step([p], at_first)[0]
-            r = subprocess.CompletedProcess(p.args, p.returncode, out, "")
-            assert r.returncode == 0, r.stdout[-5000:]
-            run_dir = Path(re.search(r"run dir (\S+)", r.stdout).group(1))
+            assert p.returncode == 0, out[-5000:]
+            run_dir = Path(re.search(r"run dir (\S+)", out).group(1))
             # (with ssh, shared_fs: true: the hosts use this same run dir)
             launchers = [json.loads((run_dir / "nodes" / str(n) / "agent.json").read_text())["proc_start"]
                          for n in range(2)]
-            parents = launcher_starts(r.stdout)  # the ranks' parents are the launchers the agents started
+            parents = launcher_starts(out)  # the ranks' parents are the launchers the agents started
             assert all(abs(a - b) < 0.05 for a, b in zip(sorted(launchers), sorted(parents), strict=True)), (
                 launchers, parents)
-            return {**phases(t0, launchers, rank_start(r.stdout), first_step(r.stdout)), **cpu}
+            return {**phases(t0, launchers, rank_start(out), first_step(out)), **cpu}
 
         anchor_failures: list[list[int]] = []
 
@@ -266,7 +265,7 @@ def main() -> int:
         busy_extra = sorted(o - a for o, a in zip(busy["ours"], busy["anchor"], strict=True))
         idle_share = {side: statistics.median(r["idle_core_s"] / (cores * r["total"]) for r in rs)
                       for side, rs in runs.items()}
-        result = {"repeat": args.repeat, "steps": args.steps, "machine": f"{os.cpu_count()} cores",
+        result = {"repeat": args.repeat, "steps": args.steps, "machine": f"{cores} cores",
                   "backend": args.backend,
                   "first_step_s": {side: m["total"] for side, m in med.items()}, "phases_median_s": med,
                   "ratio": med["ours"]["total"] / med["anchor"]["total"],
