@@ -32,7 +32,7 @@ os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFL
 
 from test_local import job_pids, probe_prepared, wait_gone  # noqa: E402  (the suite's probe job)
 
-from orchestrator.launchers.local import LocalLauncher  # noqa: E402
+from launchers.local import LocalLauncher  # noqa: E402
 from orchestrator.node.rundir import RunDir  # noqa: E402
 from orchestrator.supervise import Supervisor  # noqa: E402
 from orchestrator import api  # noqa: E402

@@ -34,7 +34,7 @@ os.environ.setdefault("SLURM_CONF", "/tmp/orchestrate-slurm/etc/slurm.conf")
 from slurm_helpers import WORK, heartbeat_step, node_namespace_leftovers, wait_clean  # noqa: E402
 
 from orchestrator.types import JobHandle  # noqa: E402
-from orchestrator.launchers.slurm.launcher import SlurmLauncher  # noqa: E402
+from launchers.slurm.launcher import SlurmLauncher  # noqa: E402
 from orchestrator.node.rundir import RunDir  # noqa: E402
 from orchestrator import api  # noqa: E402
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import sshd_hosts  # noqa: E402
 from orchestrator.core.spec import SSHSpec  # noqa: E402
-from orchestrator.launchers.ssh.transport import Pool  # noqa: E402
+from launchers.ssh.transport import Pool  # noqa: E402
 
 
 def ours(tb, hosts) -> float:

@@ -62,8 +62,8 @@ import sshd_hosts  # noqa: E402
 from private_hosts import host_run  # noqa: E402
 
 from orchestrator.core.spec import parse_cluster  # noqa: E402
-from orchestrator.launchers.ssh import stage as st  # noqa: E402
-from orchestrator.launchers.ssh.transport import Pool  # noqa: E402
+from launchers.ssh import stage as st  # noqa: E402
+from launchers.ssh.transport import Pool  # noqa: E402
 
 LOCK = "/tmp/orchestrate-testbed.lock"
 WORKDIR = f"{sshd_hosts.HOST_WORK_AREA}/work"  # the stager's workdir on a private host

@@ -37,7 +37,7 @@ def main() -> int:
     import yaml
 
     from orchestrator import api
-    from orchestrator.launchers.ssh.launcher import SSHLauncher
+    from launchers.ssh.launcher import SSHLauncher
     from orchestrator.node.rundir import RunDir
     tmp = Path(tempfile.mkdtemp(prefix="bench-stage-submit-", dir="/var/tmp"))
     os.environ["ORCHESTRATE_HOME"] = str(tmp / "home")

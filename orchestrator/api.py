@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from orchestrator.errors import ConfigError, OrchestratorError, Problem, SubmitCancelled
-from orchestrator.launchers import launcher_for
+from launchers import launcher_for
 from orchestrator.node.rundir import RunDir
 from orchestrator.supervise import RestartPolicy, Supervisor
 from orchestrator.types import JobHandle, JobResult, JobState, JobStatus, is_terminal
@@ -120,7 +120,7 @@ def busy_local_gpus() -> tuple[int, ...]:
 
 def ssh_gpu_counts(cluster: ClusterSpec, hosts: list[str]) -> dict[str, int]:
     """{host: GPUs its node agent's python may use}, asked over SSH; ConfigError naming a host that cannot tell."""
-    from orchestrator.launchers.ssh.transport import Pool, remote_command
+    from launchers.ssh.transport import Pool, remote_command
     assert cluster.ssh is not None
     argv = [cluster.ssh.python, "-m", "orchestrator.node.gpus"]
     try:
@@ -379,7 +379,7 @@ def _staging(recipe, cluster, cwd: Path, output_dir: str):
     if cluster.ssh.shared_fs:
         return recipe, {}, str(cwd), ""
     from orchestrator.core.spec import RunJobSpec
-    from orchestrator.launchers.ssh import stage as ssh_stage
+    from launchers.ssh import stage as ssh_stage
     host_recipe, layout, rank_cwd = ssh_stage.plan_staging(recipe, cwd, output_dir, cluster.ssh)
     cache = ssh_stage.hash_cache()
     package = ssh_stage.package_tree(cache).sha

@@ -14,84 +14,18 @@ the same HealthMonitor rules to the shared heartbeats (orchestrator.node.agent).
 
 from __future__ import annotations
 
-import queue
 import re
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 from orchestrator.core.health import HealthMonitor
 from orchestrator.core.jobplan import LaunchPlan
-from orchestrator.node.rundir import AttemptRecord, ExitRecord, RunDir
+from orchestrator.events import Beat, Line, NodeEnded, Running, SchedulerEnd
+from orchestrator.node.rundir import AttemptRecord, RunDir
 from orchestrator.types import JobResult, JobState, NodeExit
-
-# ------------------------------------------------------------------------------------------------ events
-
-
-@dataclass(frozen=True)
-class Line:
-    node: int
-    text: str
-
-
-@dataclass(frozen=True)
-class Beat:
-    record: dict
-
-
-@dataclass(frozen=True)
-class NodeEnded:
-    """A node's launch is over (or the node is lost: `lost` says why, and `returncode` is None)."""
-
-    node: int
-    host: str
-    returncode: int | None
-    tail: str = ""
-    record: ExitRecord | None = None  # the agent's own record: beats whatever the transport reported
-    lost: str = ""
-
-
-@dataclass(frozen=True)
-class SchedulerEnd:
-    """The scheduler's final word on the job (SLURM): its state and, for a failure, why."""
-
-    state: JobState
-    reason: str = ""
-
-
-Event = Line | Beat | NodeEnded | SchedulerEnd
-
-
-def drain(q: queue.Queue, timeout: float) -> list:
-    """A backend's `events`: wait up to `timeout` for the first event its threads queued, then take all there are."""
-    out = []
-    try:
-        out.append(q.get(timeout=timeout))
-        while True:
-            out.append(q.get_nowait())
-    except queue.Empty:
-        pass
-    return out
-
-
-class Running(Protocol):
-    """A submitted job as its backend observes it. `handle` is recorded in the store."""
-
-    handle: object
-    nodes: dict[int, str]  # node rank -> host
-    decides_hangs_on_nodes: bool  # True: the node agents judge hangs themselves (SLURM); we only back them up
-    grace: float  # the backend's TERM -> KILL grace for a cancel or a hang (ranks may checkpoint on TERM)
-
-    def events(self, timeout: float) -> list[Event]: ...
-
-    def stop(self, reason: str, grace: float, nodes: set[int] | None = None) -> None: ...
-
-    def stopped_ranks(self, stacks: bool = True) -> dict[int, int]: ...  # ranks found stopped -> pid; keeps stacks
-
-    def close(self) -> None: ...
-
 
 # ------------------------------------------------------------------------------------------------ root cause
 
@@ -118,13 +52,6 @@ def last_exception(text: str) -> tuple[int | None, str] | None:
         return None
     r, e = found[-1]
     return (int(r) if r is not None else None), e
-
-
-def split_lines(buf: bytes) -> tuple[list[str], bytes]:
-    """Complete lines (on \\n or \\r, progress bars included) and the unfinished rest."""
-    parts = re.split(rb"[\r\n]", buf)
-    rest = parts.pop()
-    return [p.decode(errors="replace") for p in parts if p.strip()], rest
 
 
 def describe_code(code: int | None) -> str:

@@ -1,6 +1,6 @@
 """The per-host content-addressed cache that staging fills: a program for a host that has only Python.
 
-Owns the host side of staging (the submitter side is orchestrator.launchers.ssh.stage). It runs before orchestrate
+Owns the host side of staging (the submitter side is launchers.ssh.stage). It runs before orchestrate
 exists on the host: the submitter sends THIS FILE's source as `python -c SOURCE serve WORKDIR` over one SSH channel,
 so it imports nothing but the standard library and nothing of orchestrate. Layout under WORKDIR (all 0700 / 0600,
 owner-only; staged files are read-only, 0400 or 0500 when executable):

@@ -111,7 +111,7 @@ def test_same_fault_same_verdict_on_every_backend(backend, fault, tmp_path, requ
     rd = RunDir(plan.run_dir)
     api.write_files({**prep.files, **render_files(plan, prep.recipe.to_dict())}, rd.root)  # (+ stage.json on SSH)
     job_guard.run_dir(rd.root)
-    from orchestrator.launchers import launcher_for
+    from launchers import launcher_for
     launcher = launcher_for(prep.cluster)
     t0 = time.monotonic()
     job = jobrun.start(launcher, plan, rd.root)

@@ -48,7 +48,7 @@ def test_same_fault_same_verdict_on_hosts_that_share_nothing(fault, fault_privat
     rd = RunDir(prep.plan.run_dir)
     api.write_files(prep.files, rd.root)
     job_guard.run_dir(rd.root)
-    from orchestrator.launchers import launcher_for
+    from launchers import launcher_for
     t0 = time.monotonic()
     running = jobrun.start(launcher_for(prep.cluster), prep.plan, rd.root)
     key = json.loads(prep.files["stage.json"])["output_key"]  # (${RUN_DIR}/output links there on the host)

@@ -60,7 +60,7 @@ def _user_job(backend: str, tmp_path: Path, request, job_guard, steps: int, heal
     rd = RunDir(prep.plan.run_dir)
     api.write_files(prep.files, rd.root)
     job_guard.run_dir(rd.root)
-    from orchestrator.launchers import launcher_for
+    from launchers import launcher_for
     return launcher_for(prep.cluster), prep.plan, rd, [n.host for n in prep.plan.node_plans]
 
 

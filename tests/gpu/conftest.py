@@ -130,7 +130,7 @@ def slurm_gres_cluster():
 
 
 def _gres(env) -> dict[str, int]:
-    from orchestrator.launchers.slurm.launcher import parse_gres_gpus
+    from launchers.slurm.launcher import parse_gres_gpus
     r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %G"], env=env, capture_output=True, text=True)
     return {w[0]: parse_gres_gpus(w[1]) for w in (ln.split() for ln in r.stdout.splitlines()) if len(w) >= 2}
 

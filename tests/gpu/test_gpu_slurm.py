@@ -55,7 +55,7 @@ def test_gpus_only_some_nodes_have_are_refused_with_the_nodes_named(slurm_gres_c
 
 def _gpu_payload_plan(tag: str, gpus_per_node: int, subset: str):
     """A 2-node plan whose nodes print what their rank would see (no torch): accelerator gpu, `subset` bound."""
-    from orchestrator.launchers.slurm.launcher import SlurmLauncher
+    from launchers.slurm.launcher import SlurmLauncher
     from slurm_helpers import local_cluster, trivial_plan
     script = HERE / "gpu_payload.py"
     plan = trivial_plan(tag, [])

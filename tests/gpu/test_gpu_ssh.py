@@ -81,7 +81,7 @@ def test_preflight_refuses_what_the_hosts_gpus_cannot_run(gpu_testbed, gpu_hosts
     local = home / "runs" / prep.plan.job_id
     api.write_files(prep.files, local)
     job_guard.run_dir(local, *_remote_run_dirs(gpu_testbed, prep.plan))
-    from orchestrator.launchers.ssh.launcher import SSHLauncher
+    from launchers.ssh.launcher import SSHLauncher
     launcher = SSHLauncher(cluster)
     with pytest.raises(PreflightError) as e:
         launcher.submit(launcher.prepare(prep.plan), RunDir(local))

@@ -130,7 +130,7 @@ def test_probe_checks_interface_and_reports_gpus(monkeypatch):
 
 
 def test_ssh_preflight_compares_the_hosts_gpus():
-    from orchestrator.launchers.ssh.launcher import gpu_problems
+    from launchers.ssh.launcher import gpu_problems
 
     def host(n, visible=None):
         return {"gpus": [{"index": i, "name": "NVIDIA H100"} for i in range(n)], "visible": visible}

@@ -37,7 +37,7 @@ def _said(text: str, tag: str) -> list[dict]:
 
 def test_user_trainer_script_scontrol_requeue_saves_resumes_one_tracker_run(slurm_cluster, tmp_path, job_guard):
     from orchestrator import api
-    from orchestrator.launchers.slurm.launcher import SlurmLauncher
+    from launchers.slurm.launcher import SlurmLauncher
     from orchestrator.node.rundir import RunDir
     from recipes.tiny import resolve_model_path
 

@@ -20,7 +20,7 @@ from helpers import spawn
 from slurm_helpers import (REPO, WORK, heartbeat_step, local_cluster, node_namespace_leftovers, trivial_plan,
                            wait_clean, wait_until)
 from orchestrator.types import JobHandle
-from orchestrator.launchers.slurm.launcher import SlurmJob, SlurmLauncher
+from launchers.slurm.launcher import SlurmJob, SlurmLauncher
 from orchestrator.node.rundir import RunDir
 import jobrun
 from orchestrator.errors import ConfigError
@@ -393,7 +393,7 @@ def test_terminal_signal_while_sbatch_answers(slurm_cluster, tmp_path, job_guard
     import shutil
 
     import yaml
-    from orchestrator.launchers.slurm.launcher import read_job_id
+    from launchers.slurm.launcher import read_job_id
     from orchestrator.store import JobStore
     real, bin_dir, started = shutil.which("sbatch"), tmp_path / "bin", tmp_path / "sbatch-started"
     bin_dir.mkdir()

@@ -14,9 +14,9 @@ import pytest
 
 from orchestrator.core.health import HealthSpec
 
-from orchestrator.launchers.slurm.sbatch import check_slurm, render_sbatch, time_seconds
-from orchestrator.launchers.slurm.launcher import STATE_TABLE, SlurmLauncher, job_id_of, map_state
-from orchestrator.launchers.slurm.task import may_requeue
+from launchers.slurm.sbatch import check_slurm, render_sbatch, time_seconds
+from launchers.slurm.launcher import STATE_TABLE, SlurmLauncher, job_id_of, map_state
+from launchers.slurm.task import may_requeue
 from orchestrator.errors import ConfigError
 from orchestrator.core.hostlist import expand, first_host
 from orchestrator.core.jobplan import LATE_MAIN_IP, LaunchPlan, NodePlan

@@ -119,7 +119,7 @@ def _base_prepared(testbed, tmp_dir: Path):
 def trivial_job(testbed, make_cluster, tmp_path):
     """trivial_job(commands={rank: argv}, env={rank: {...}}, secret_env=(), hosts=None, **ssh_over)
     -> (launcher, submission, local_run_dir, plan): a plan whose nodes run `argv` under the real agent."""
-    from orchestrator.launchers.ssh.launcher import SSHLauncher
+    from launchers.ssh.launcher import SSHLauncher
     from orchestrator.core.jobplan import NodePlan
     from orchestrator.core.render import render_files
 

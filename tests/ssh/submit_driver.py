@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from orchestrator.core.jobplan import LaunchPlan
 from orchestrator.core.spec import parse_cluster
-from orchestrator.launchers.ssh.launcher import SSHLauncher
+from launchers.ssh.launcher import SSHLauncher
 from orchestrator.node.rundir import RunDir
 from orchestrator.supervise import Supervisor
 

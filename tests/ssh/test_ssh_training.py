@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 def sft(testbed, tmp_path, monkeypatch, job_guard):
     """sft(max_steps) -> (launcher, submission, plan, local run dir) for recipes/configs/sft_tiny.yaml on 2 hosts.
     Each job's run dirs (local and per host) are registered with job_guard: a failing test leaves nothing running."""
-    from orchestrator.launchers.ssh.launcher import SSHLauncher
+    from launchers.ssh.launcher import SSHLauncher
     from orchestrator import api
 
     monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path / "home"))

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.core.spec import SSHSpec
-from orchestrator.launchers.ssh.transport import HostError, Pool, remote_command
+from launchers.ssh.transport import HostError, Pool, remote_command
 
 
 def opts(tb, **over) -> SSHSpec:

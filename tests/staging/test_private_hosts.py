@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import sshd_hosts
-from orchestrator.launchers.ssh.transport import Pool, remote_command
+from launchers.ssh.transport import Pool, remote_command
 from private_hosts import host_path, host_read_bytes, host_run, host_write_bytes, private_down, private_up
 
 REPO = Path(__file__).resolve().parents[2]

@@ -188,8 +188,8 @@ def _stage_dir(tb, tmp_path, monkeypatch, n_bytes: int):
     import os as _os
 
     from orchestrator.core.spec import parse_cluster
-    from orchestrator.launchers.ssh import stage as st
-    from orchestrator.launchers.ssh.transport import Pool
+    from launchers.ssh import stage as st
+    from launchers.ssh.transport import Pool
     src = tmp_path / "data"
     if not src.exists():  # (a second call stages the same files again)
         src.mkdir()
@@ -228,8 +228,8 @@ def test_a_cancel_stops_a_relayed_push_at_once(private_testbed, tmp_path, monkey
     and a later stage of the same files leaves every host byte-right (nothing half-written counts as staged)."""
     from orchestrator.core.spec import parse_cluster
     from orchestrator.errors import SubmitCancelled
-    from orchestrator.launchers.ssh import stage as st
-    from orchestrator.launchers.ssh.transport import Pool
+    from launchers.ssh import stage as st
+    from launchers.ssh.transport import Pool
     tb = private_testbed
     src = tmp_path / "data"
     src.mkdir()
@@ -267,7 +267,7 @@ def test_a_cancel_stops_a_relayed_push_at_once(private_testbed, tmp_path, monkey
 
 
 def test_a_broken_relay_hop_falls_back_to_direct_sends(private_testbed, tmp_path, monkeypatch):
-    from orchestrator.launchers.ssh import stage as st
+    from launchers.ssh import stage as st
     ask = st.Session.ask
     victim = private_testbed.hosts[2]
 

@@ -5,7 +5,7 @@ import signal
 import subprocess
 import time
 
-from orchestrator.launchers.slurm.task import AgentTask
+from launchers.slurm.task import AgentTask
 
 
 def _task_with(argv: list[str]) -> AgentTask:

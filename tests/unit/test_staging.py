@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.launchers.ssh import stage as st
+from launchers.ssh import stage as st
 from orchestrator.node import stagecache
 
 REPO = Path(__file__).resolve().parents[2]
@@ -154,7 +154,7 @@ def test_render_of_a_recipe_stages_data_and_rewrites_paths(tmp_path, monkeypatch
     doc = json.loads(p.files[st.STAGE_FILE])
     assert [s["label"] for s in doc["sources"]] == ["data0"] and doc["fetch"] == "last_checkpoint"
     assert doc["output_local"] == str(REPO / "outputs/sft_tiny") and doc["package"] == p.plan.node_package
-    from orchestrator.launchers.ssh.launcher import SSHLauncher
+    from launchers.ssh.launcher import SSHLauncher
     sub = SSHLauncher(p.cluster).prepare(p.plan)
     argv = sub.nodes[1].argv
     assert argv[2:4] == ("env", f"PYTHONPATH=/srv/w/cache/trees/{p.plan.node_package}")

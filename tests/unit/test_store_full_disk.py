@@ -153,7 +153,7 @@ def test_cli_submit_on_a_full_disk_is_one_line(small_fs):
 def test_node_log_on_a_full_disk_keeps_streaming(small_fs):
     """The local backend's node log writer (launchers/local.py): when its file cannot be written (no space), every
     line still reaches the supervisor (and the terminal), the problem is said once, and writing resumes with space."""
-    from orchestrator.launchers.local import _LogFile
+    from launchers.local import _LogFile
     said: list[str] = []
     log = _LogFile(small_fs / "node0.log", said.append)
     filler = fill(small_fs)

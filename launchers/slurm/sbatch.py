@@ -10,7 +10,7 @@ The script is a product on its own: a user can `sbatch RUN_DIR/job.sbatch` by ha
   `$SLURM_NODEID`-in-the-batch-shell bug, every node rank 0 and a silent hang, cannot happen);
 - `--signal=B:USR2@LEAD` tells the batch shell ahead of the time limit; it forwards USR2 to the
   step (srun hands it to every task: the agents and the ranks, which save a checkpoint), waits for
-  the step, and requeues the job when the restart budget (`python -m orchestrator.launchers.slurm.task requeue`)
+  the step, and requeues the job when the restart budget (`python -m launchers.slurm.task requeue`)
   allows; the next run resumes from the checkpoint (`checkpoint.resume: auto`).
 """
 
@@ -148,7 +148,7 @@ def render_sbatch(plan: LaunchPlan, slurm: Any, run_dir: str | None = None, pyth
         "RC=0",
         'while :; do wait "$SRUN_PID"; RC=$?; kill -0 "$SRUN_PID" 2>/dev/null || break; done',
         'if [ "$PREEMPTED" = 1 ]; then',
-        '    if "$PYTHON" -m orchestrator.launchers.slurm.task requeue "$RUN_DIR" --max-restarts "$MAX_RESTARTS"; then',
+        '    if "$PYTHON" -m launchers.slurm.task requeue "$RUN_DIR" --max-restarts "$MAX_RESTARTS"; then',
         '        scontrol requeue "$SLURM_JOB_ID" && exit 0',
         "    fi",
         '    [ "$RC" = 0 ] && RC=75',

@@ -432,7 +432,7 @@ class Session:
     """One host's stagecache server over one SSH channel."""
 
     def __init__(self, conn: Any, python: str, workdir: str):
-        from orchestrator.launchers.ssh.transport import remote_command
+        from launchers.ssh.transport import remote_command
         self.host = conn.host
         self.chan = conn.open(remote_command([python, "-c", _server_source(), "serve", workdir]))
         self.chan.settimeout(None)
@@ -536,7 +536,7 @@ class Stager:
         """Open a session on every host and ask its facts and which blobs it lacks; PreflightError names every host
         with a problem (unreachable, no python, a missing package, a version differing across hosts, a path absent
         with staging off, too little disk)."""
-        from orchestrator.launchers.ssh.transport import HostError
+        from launchers.ssh.transport import HostError
 
         def one(host: str) -> HostStage:
             conn = self.pool.conns.get(host)

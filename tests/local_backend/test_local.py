@@ -103,7 +103,7 @@ def test_failing_rank_fails_job_and_names_it(tmp_path):
 
 def test_sigkilled_rank_tears_down_every_node(tmp_path):
     prep, out = probe_prepared(tmp_path, 2, 1, "loop")
-    from orchestrator.launchers.local import LocalLauncher
+    from launchers.local import LocalLauncher
     launcher = LocalLauncher()
     api.write_files(prep.files, Path(prep.plan.run_dir))
     job = jobrun.start(launcher, prep.plan)
@@ -182,7 +182,7 @@ def test_killed_submitter_leaves_no_orphans(tmp_path, job_guard):
 @pytest.mark.health
 def test_sigstopped_rank_is_detected_as_hang_and_torn_down(tmp_path):
     prep, out = probe_prepared(tmp_path, 2, 1, "loop", stall=3)
-    from orchestrator.launchers.local import LocalLauncher
+    from launchers.local import LocalLauncher
     launcher = LocalLauncher(grace=2)
     run_dir = Path(prep.plan.run_dir)
     api.write_files(prep.files, run_dir)

@@ -1,9 +1,9 @@
 """The SLURM backend: one job of N nodes x 1 task, each task a node agent, submitted with submitit.
 
 Owns: checking a cluster's `slurm:` block and the SLURM client tools before anything is submitted
-(ConfigError, exit 2), the submitit submission (checkpointable `orchestrator.launchers.slurm.task.AgentTask`,
+(ConfigError, exit 2), the submitit submission (checkpointable `launchers.slurm.task.AgentTask`,
 USR2 `signal_lead_s` ahead of the time limit, `srun --kill-on-bad-exit=1`), the standalone job.sbatch
-written next to it (orchestrator.launchers.slurm.sbatch, same behaviour, for `sbatch` by hand), the SLURM state table,
+written next to it (launchers.slurm.sbatch, same behaviour, for `sbatch` by hand), the SLURM state table,
 status / cancel / logs for `slurm://<jobid>` handles and the root cause of a failed job (which node,
 which rank, which exit code, from the agents' exit.json and the node logs).
 """
@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from orchestrator.launchers.base import run_dir_logs
+from launchers.base import run_dir_logs
 from orchestrator.node.agent import agent_argv
 from orchestrator.node.heartbeat import HeartbeatTail
 from orchestrator.node.proctools import Cancelled, run_apart
 from orchestrator.node.rundir import RunDir
-from orchestrator.supervise import Beat, Line, NodeEnded, SchedulerEnd
+from orchestrator.events import Beat, Line, NodeEnded, SchedulerEnd
 from orchestrator.types import JobHandle, JobState, JobStatus, NodeCommand, NodeStatus, Submission
-from orchestrator.launchers.slurm.sbatch import check_slurm, extra_option, render_sbatch, time_seconds
+from launchers.slurm.sbatch import check_slurm, extra_option, render_sbatch, time_seconds
 from orchestrator.errors import ConfigError, LaunchError, Problem, SubmitCancelled
 from orchestrator.core.jobplan import LaunchPlan
 
@@ -209,7 +209,7 @@ class SlurmLauncher:
         run_dir.mkdir(RunDir.LOGS)
         run_dir.write_files(submission.files)
         self.preflight(run_dir.path(RunDir.SBATCH), cancel)
-        from orchestrator.launchers.slurm.task import AgentTask
+        from launchers.slurm.task import AgentTask
         run_dir.mkdir("submitit")
         ex = own_session_executor()(folder=str(run_dir.root / "submitit" / "%j"), python=submission.extra["python"],
                                     max_num_timeout=int(submission.extra["max_restarts"]))

@@ -1,7 +1,7 @@
-"""A running SSH job and its per-node I/O (the launcher itself is orchestrator/launchers/ssh/launcher.py).
+"""A running SSH job and its per-node I/O (the launcher itself is launchers/ssh/launcher.py).
 
 Owns: `Node` (one host's agent: its channel, wrapper pid, AgentRecord, exit, output tail) and `SSHJob` (the
-supervisor's view of the job: orchestrator.supervise.Running), and what touches one job's nodes over their open
+supervisor's view of the job: orchestrator.events.Running), and what touches one job's nodes over their open
 connections: copying the run dir out (`copy_run_dir`, SFTP 0700/0600), the per-node output pump (`pump`:
 RUN_DIR/logs/node<R>.log, the tail, forwarded heartbeats as events, the node's end), reading the agents' records,
 fetching them and the heartbeats back (`fetch_back`), the teardown of a node (`teardown_node`) and asking each node
@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.launchers.ssh.remote import WRAPPER_MARK, describe_exit, teardown_command
+from launchers.ssh.remote import WRAPPER_MARK, describe_exit, teardown_command
 from orchestrator.node.agent import agent_argv
 from orchestrator.node.heartbeat import parse_forwarded
 from orchestrator.node.rundir import AgentRecord, ExitRecord, RunDir, parse_agent, parse_exit
-from orchestrator.supervise import Beat, Line, NodeEnded, drain
+from orchestrator.events import Beat, Line, NodeEnded, drain
 
 logger = logging.getLogger("orchestrate.ssh")
 TAIL_LINES = 20
@@ -65,7 +65,7 @@ class Node:
 
 
 class SSHJob:
-    """A running SSH job as the supervisor sees it (orchestrator.supervise.Running): events from every node's output
+    """A running SSH job as the supervisor sees it (orchestrator.events.Running): events from every node's output
     pump (lines, forwarded heartbeats, the node's end with its agent's ExitRecord), and the actions it is told to
     take (stop: the teardown program on every host, in the background, so a dead link never blocks; stopped_ranks:
     `--diagnose` on every host with a short timeout)."""
@@ -168,7 +168,7 @@ def fetch_job_outputs(job: SSHJob) -> None:
     o = job.outputs
     if not o or o["fetch"] == "none":
         return
-    from orchestrator.launchers.ssh.stage import fetch_outputs
+    from launchers.ssh.stage import fetch_outputs
     nodes = [(n.host, o["workdirs"][n.rank]) for n in sorted(job.node_list, key=lambda n: n.rank) if not n.lost]
     logger.warning("fetching the outputs (%s) from %d host(s) into %s ...", o["fetch"], len(nodes), o["local"])
     t0 = time.time()
@@ -396,7 +396,7 @@ def fetch_back(job: SSHJob) -> None:
 def diagnose(job: SSHJob, python: str, timeout: float = 8.0) -> dict[int, int]:
     """Ask every reachable node which of its ranks is stopped (the agent keeps their stacks in RUN_DIR/stacks/ on its
     host) before the teardown. A host that does not answer within `timeout` is skipped: the teardown must not wait."""
-    from orchestrator.launchers.ssh.transport import remote_command
+    from launchers.ssh.transport import remote_command
     stopped: dict[int, int] = {}
 
     def one(node: Node) -> None:

@@ -24,11 +24,11 @@ from typing import Any, Iterator
 from orchestrator.core.jobplan import LaunchPlan
 from orchestrator.core.schema import is_secret_name
 from orchestrator.errors import LaunchError, PreflightError, Problem
-from orchestrator.launchers.base import run_dir_logs, status_from_nodes
-from orchestrator.launchers.ssh.job import Node, SSHJob, copy_run_dir, node_at_host, rank_at_host
-from orchestrator.launchers.ssh.remote import (WRAPPER_MARK, agent_shell, await_probe, close_channel,
+from launchers.base import run_dir_logs, status_from_nodes
+from launchers.ssh.job import Node, SSHJob, copy_run_dir, node_at_host, rank_at_host
+from launchers.ssh.remote import (WRAPPER_MARK, agent_shell, await_probe, close_channel,
                                                teardown_command)
-from orchestrator.launchers.ssh.stage import agent_prefix
+from launchers.ssh.stage import agent_prefix
 from orchestrator.node.agent import MODULE, agent_argv
 from orchestrator.node.rundir import RunDir
 from orchestrator.types import JobHandle, JobStatus, NodeCommand, Submission
@@ -112,7 +112,7 @@ class SSHLauncher:
         """Connect to ALL hosts and start each one's agent in probe mode: it checks its host, reports, and waits.
         Any bad host: every agent is told to stand down (stdin EOF, nothing started anywhere) and PreflightError
         names each bad host. Returns (pool, {host: {"probe", "chan", "wrapper_pid", "rest"}})."""
-        from orchestrator.launchers.ssh.transport import HostError
+        from launchers.ssh.transport import HostError
 
         problems = self._static_problems(sub, local)
         if problems:
@@ -157,7 +157,7 @@ class SSHLauncher:
         return pool, results
 
     def pool(self):
-        from orchestrator.launchers.ssh.transport import Pool
+        from launchers.ssh.transport import Pool
         try:
             return Pool(self.ssh)
         except FileNotFoundError as e:
@@ -170,7 +170,7 @@ class SSHLauncher:
         host's cache (only what it lacks), the job's links, every host's facts checked first. Returns the
         submission with each host's workdir bound (`~` resolved there), what was staged, and each host's open staging
         session (the pre-flight turns it into the host's agent)."""
-        from orchestrator.launchers.ssh import stage as st
+        from launchers.ssh import stage as st
         doc = local.read_json(st.STAGE_FILE)
         if not isinstance(doc, dict):
             raise PreflightError(Problem(str(local.path(st.STAGE_FILE)), "missing or unreadable (render it again)"))
@@ -300,7 +300,7 @@ class SSHLauncher:
 
     # ------------------------------------------------------------------ from any process
     def _each_node(self, handle: JobHandle, fn) -> dict[str, Any]:
-        from orchestrator.launchers.ssh.transport import Pool
+        from launchers.ssh.transport import Pool
         nodes = handle.data.get("nodes", [])
         pool = Pool(self.ssh)
         try:
@@ -311,7 +311,7 @@ class SSHLauncher:
 
     def status(self, handle: JobHandle, run_dir: RunDir) -> JobStatus:
         """Ask every host's agent records (`--status` over SSH); a host that does not answer is `unknown`."""
-        from orchestrator.launchers.ssh.transport import remote_command
+        from launchers.ssh.transport import remote_command
 
         def one(conn, n) -> list[dict]:
             rc, out, err = conn.run(remote_command(tuple(n.get("prefix") or ()) + agent_argv(

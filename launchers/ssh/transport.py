@@ -4,7 +4,7 @@ Owns: loading the client key and known_hosts ONCE per pool (shared by every conn
 connecting with TCP_NODELAY and no agent / no key search / no prompt, host-key checking
 (unknown -> refused unless strict_host_keys is false; CHANGED -> always refused), running commands
 over already-open connections, SFTP, and `remote_command`, the only place a shell string is built
-(every word shlex-quoted). paramiko is imported here and only here (lazily by orchestrator.launchers.ssh.launcher).
+(every word shlex-quoted). paramiko is imported here and only here (lazily by launchers.ssh.launcher).
 """
 
 from __future__ import annotations

@@ -19,12 +19,12 @@ import time
 from typing import Iterator
 
 from orchestrator.core.jobplan import LaunchPlan
-from orchestrator.launchers.base import run_dir_logs, status_from_nodes
+from launchers.base import run_dir_logs, status_from_nodes
 from orchestrator.node.agent import agent_argv
 from orchestrator.node.heartbeat import parse_forwarded
 from orchestrator.node.proctools import marked, signal_group, signal_pids
 from orchestrator.node.rundir import RunDir
-from orchestrator.supervise import Beat, Line, NodeEnded, drain, split_lines
+from orchestrator.events import Beat, Line, NodeEnded, drain, split_lines
 from orchestrator.types import JobHandle, JobStatus, NodeCommand, Submission
 
 GRACE_S = 5.0

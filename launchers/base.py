@@ -2,9 +2,10 @@
 
 - `prepare(plan) -> Submission`: pure. Exactly what runs (each node agent's argv, files, backend extras);
   `render` / `submit --dry-run` print it.
-- `submit(submission, run_dir, cancel) -> Running`: starts it; the returned object reports events to the one
-  `orchestrator.supervise.Supervisor` and acts when told (stop, hang diagnosis). Backends observe and report;
-  they decide nothing. `cancel` (the supervisor's event) is set when the user cancels during the start: a backend
+- `submit(submission, run_dir, cancel) -> Running`: starts it; the returned object reports events (the vocabulary
+  of `orchestrator.events`) to the one `orchestrator.supervise.Supervisor` and acts when told (stop, hang
+  diagnosis). Backends observe and report; they decide nothing (they never import the supervisor). `cancel` (the
+  supervisor's event) is set when the user cancels during the start: a backend
   whose start can take long (SSH: staging, connecting, the hosts' pre-flight) stops waiting within a poll, leaves
   nothing started and raises `SubmitCancelled`; one whose start is immediate (local, SLURM's sbatch) may ignore
   it, the supervisor then stops the job as soon as it has it.
@@ -21,7 +22,7 @@ from typing import Iterator, Protocol
 
 from orchestrator.core.jobplan import LaunchPlan
 from orchestrator.node.rundir import RunDir
-from orchestrator.supervise import Running
+from orchestrator.events import Running
 from orchestrator.types import JobHandle, JobState, JobStatus, NodeStatus, Submission
 
 

@@ -10,7 +10,7 @@ the ranks save a checkpoint) the task of global rank 0 waits for its agent to fi
 restart policy and returns the resubmission (submitit then runs `scontrol requeue`) or None.
 
 The requeue decision (`may_requeue`) is the one `orchestrator.supervise.RestartPolicy` (health.max_restarts, the
-crash-loop rule), also used by the standalone job.sbatch (`python -m orchestrator.launchers.slurm.task requeue
+crash-loop rule), also used by the standalone job.sbatch (`python -m launchers.slurm.task requeue
 RUN_DIR --max-restarts N`, exit 0 = requeue). Every decision, and every requeue nobody here decided
 (`scontrol requeue`), is appended to RUN_DIR/restarts.jsonl: the submitter counts them all.
 """
@@ -161,7 +161,7 @@ class AgentTask:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m orchestrator.launchers.slurm.task")
+    ap = argparse.ArgumentParser(prog="python -m launchers.slurm.task")
     sub = ap.add_subparsers(dest="cmd", required=True)
     rq = sub.add_parser("requeue", help="exit 0 when a preempted job may be requeued (records the decision)")
     rq.add_argument("run_dir")

@@ -20,7 +20,7 @@ WRAPPER_MARK = "@@orchestrate-wrapper "
 
 def agent_shell(argv: tuple[str, ...]) -> str:
     """The only shell string of the backend: print the wrapper's pid, then exec the quoted argv."""
-    from orchestrator.launchers.ssh.transport import remote_command
+    from launchers.ssh.transport import remote_command
     return f'echo "{WRAPPER_MARK}$$"; ' + remote_command(argv)
 
 
@@ -123,7 +123,7 @@ def teardown_command(wrapper_pid: int | None, pgids: list[int], grace_s: float, 
     """Kill the recorded groups; then (with python/run_dir) the agent's `--kill` reaps every process that
     carries the launch's marker: torchrun starts ranks in sessions of their own, outside those groups. `prefix`: what
     goes before python on a host running a staged node package (its PYTHONPATH)."""
-    from orchestrator.launchers.ssh.transport import remote_command
+    from launchers.ssh.transport import remote_command
     cmd = remote_command(["sh", "-c", TEARDOWN, "teardown", str(int(wrapper_pid or 0)), f"{grace_s:g}",
                           *[str(int(p)) for p in pgids if p and int(p) > 1]])
     if python and run_dir and rank is not None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import importlib
 
 BACKENDS: dict[str, tuple[str, str]] = {
-    "local": ("orchestrator.launchers.local", "LocalLauncher"),
-    "ssh": ("orchestrator.launchers.ssh.launcher", "SSHLauncher"),
-    "slurm": ("orchestrator.launchers.slurm.launcher", "SlurmLauncher"),
+    "local": ("launchers.local", "LocalLauncher"),
+    "ssh": ("launchers.ssh.launcher", "SSHLauncher"),
+    "slurm": ("launchers.slurm.launcher", "SlurmLauncher"),
 }
 
 
