@@ -21,8 +21,9 @@ import threading
 from typing import Iterator, Protocol
 
 from orchestrator.core.jobplan import LaunchPlan
-from orchestrator.node.rundir import RunDir
+from orchestrator.errors import Problem
 from orchestrator.events import Running
+from orchestrator.node.rundir import RunDir
 from orchestrator.types import JobHandle, JobState, JobStatus, NodeStatus, Submission
 
 
@@ -70,3 +71,33 @@ def status_from_nodes(rows: list[dict], unreachable: dict[int, str] | None = Non
     if all(n.state == "exited" and n.returncode == 0 for n in nodes):
         return JobStatus(JobState.COMPLETED, tuple(nodes))
     return JobStatus(JobState.FAILED, tuple(nodes), "no node of the job is running")
+
+
+# ------------------------------------------------------------------ containers (docs/containers.md)
+
+CONTAINER_FILE = "container.json"
+
+
+def container_problems(image: str, checks: dict[str, dict]) -> list[Problem]:
+    """Each host's container pre-flight (orchestrator.node.containers.preflight) as problems: the host's own, then
+    the stack's versions inside the image, which must agree across hosts (the version-skew rule, in the image)."""
+    problems = [Problem(host, why) for host, res in checks.items() for why in res.get("problems", [])]
+    if problems or len(checks) < 2:
+        return problems
+    first, *rest = list(checks)
+    want = checks[first].get("versions") or {}
+    for host in rest:
+        have = checks[host].get("versions") or {}
+        for name in sorted(set(want) | set(have)):
+            if have.get(name) != want.get(name):
+                problems.append(Problem(host, f"in container image {image}: {name} {have.get(name) or 'missing'} "
+                                              f"differs from {first}'s {want.get(name) or 'missing'}"))
+    return problems
+
+
+def record_container(run_dir: RunDir, container: dict, checks: dict[str, dict]) -> None:
+    """RUN_DIR/container.json: the image reference, the runtime and, per host, the image's id and digest and the
+    stack's versions in it (what `status --json` shows)."""
+    hosts = {h: {"image": r.get("image") or {}, "versions": r.get("versions") or {}} for h, r in sorted(checks.items())}
+    run_dir.write_json(CONTAINER_FILE, {"runtime": container.get("runtime"), "image": container.get("image"),
+                                        "hosts": hosts})

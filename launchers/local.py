@@ -19,7 +19,7 @@ import time
 from typing import Iterator
 
 from orchestrator.core.jobplan import LaunchPlan
-from launchers.base import run_dir_logs, status_from_nodes
+from launchers.base import container_problems, record_container, run_dir_logs, status_from_nodes
 from orchestrator.node.agent import agent_argv
 from orchestrator.node.heartbeat import parse_forwarded
 from orchestrator.node.proctools import marked, signal_group, signal_pids
@@ -42,10 +42,24 @@ class LocalLauncher:
                                   argv=agent_argv(plan.python, plan.run_dir, node_rank=n.node_rank, watch_parent=True,
                                                   forward_heartbeats=True, grace=self.grace),
                                   env={}, secret_env=plan.secret_env) for n in plan.node_plans)
-        return Submission(kind=self.kind, run_dir=plan.run_dir, nodes=nodes)
+        extra = {"container": plan.container.to_dict(), "needed": list(plan.needed())} \
+            if plan.container is not None else {}
+        return Submission(kind=self.kind, run_dir=plan.run_dir, nodes=nodes, extra=extra)
 
     def submit(self, submission: Submission, run_dir: RunDir, cancel: threading.Event | None = None) -> "LocalJob":
-        """Starts every node agent at once (nothing to cancel part-way: the supervisor stops them)."""
+        """Starts every node agent at once (nothing to cancel part-way: the supervisor stops them). A container job
+        first checks this machine for it (runtime, image, mounts, the stack in the image): PreflightError, nothing
+        started."""
+        if submission.extra.get("container"):
+            from orchestrator.core.container import ContainerPlan
+            from orchestrator.errors import PreflightError
+            from orchestrator.node.containers import preflight
+            cp = ContainerPlan.from_dict(submission.extra["container"])
+            checks = {"localhost": preflight(cp, submission.extra.get("needed") or ())}
+            problems = container_problems(cp.image, checks)
+            if problems:
+                raise PreflightError(problems)
+            record_container(run_dir, submission.extra["container"], checks)
         return LocalJob(submission, run_dir, self.grace)
 
     def status(self, handle: JobHandle, run_dir: RunDir) -> JobStatus:

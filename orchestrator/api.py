@@ -24,7 +24,7 @@ from launchers import launcher_for
 from orchestrator.node.rundir import RunDir
 from orchestrator.supervise import RestartPolicy, Supervisor
 from orchestrator.types import JobHandle, JobResult, JobState, JobStatus, is_terminal
-from orchestrator.core.jobplan import LaunchPlan
+from orchestrator.core.jobplan import LaunchPlan, needed_packages
 from orchestrator.core.plan import PlanFacts, apply_plan_defaults, make_plan
 from orchestrator.core.render import render_files
 from orchestrator.core.schema import PROFILES
@@ -148,6 +148,59 @@ def ssh_gpu_counts(cluster: ClusterSpec, hosts: list[str]) -> dict[str, int]:
                                                             "launch.procs_per_node or ssh.gpus_per_node")
                            for h, e in bad.items()], source=cluster.source)
     return {h: int(n) for h, n in found.items()}
+
+
+def package_root() -> str:
+    """Where this machine's node package lives: the directory holding `orchestrator` and `recipes` (a container mounts
+    those two, never the rest of a site-packages)."""
+    return str(REPO_ROOT)
+
+
+def container_runtime(recipe, cluster: ClusterSpec) -> str | None:
+    """What `container.runtime: auto` means on this cluster (None: not asked, or none found): local and SLURM look on
+    this machine (on SLURM pyxis first, when srun knows --container-image); SSH asks every host and takes the first
+    runtime of core.container.AUTO_ORDER that all of them have."""
+    import shutil
+    from orchestrator.core.container import AUTO_ORDER
+    spec = getattr(recipe, "container", None)
+    if spec is None or not spec.image or spec.runtime != "auto":
+        return None
+    order = AUTO_ORDER.get(cluster.kind, AUTO_ORDER["local"])
+    if cluster.kind == "ssh" and cluster.ssh is not None:
+        return ssh_container_runtime(cluster, list(cluster.ssh.hosts[:recipe.launch.nodes]), order)
+    for runtime in order:
+        if runtime == "pyxis":
+            from launchers.slurm.launcher import srun_knows_containers
+            if shutil.which("srun") and srun_knows_containers():
+                return runtime
+        elif shutil.which(runtime):
+            return runtime
+    return None
+
+
+def ssh_container_runtime(cluster: ClusterSpec, hosts: list[str], order: tuple[str, ...]) -> str | None:
+    """The first runtime of `order` that every host has (`command -v` over SSH); ConfigError naming a host that
+    cannot be asked."""
+    from launchers.ssh.transport import Pool, remote_command
+    assert cluster.ssh is not None
+    program = "for r in " + " ".join(order) + "; do command -v $r >/dev/null 2>&1 && echo $r; done; true"
+    try:
+        pool = Pool(cluster.ssh)
+    except (OSError, ValueError) as e:
+        raise ConfigError(Problem("container.runtime", f"auto needs to ask the hosts which runtime they have ({e}); "
+                                                       "name it (podman, docker, apptainer, enroot)"),
+                          source=cluster.source) from None
+    try:
+        found = pool.map(lambda h: pool.connect(h).run(remote_command(["sh", "-c", program]), timeout=60), hosts)
+    finally:
+        pool.close()
+    bad = {h: r for h, r in found.items() if isinstance(r, Exception)}
+    if bad:
+        raise ConfigError([Problem("container.runtime", f"auto: cannot ask {h} which runtime it has "
+                                                        f"({type(e).__name__}: {e}); name the runtime")
+                           for h, e in bad.items()], source=cluster.source)
+    have = [set(out.decode(errors="replace").split()) for _, out, _ in found.values()]
+    return next((r for r in order if all(r in h for h in have)), None)
 
 
 def passthrough_env(recipe) -> dict[str, str]:
@@ -340,6 +393,7 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
     recipe, cluster = load(recipe_path, cluster_path, flags=flags, overrides=overrides,
                            trainer_fields=trainer_fields if check_trainer else None, trl_commands=trl_commands)
     recipe = resolve_paths(recipe, cwd)
+    _check_container_files(recipe, cluster)
     recipe, notes = apply_plan_defaults(recipe)
     profile_name, profile_cfg = load_profile(recipe, cwd)
     job_id = job_id or new_job_id(recipe)
@@ -360,14 +414,41 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
                       profile_name=profile_name, profile_config=profile_cfg, model_facts=model_facts(recipe),
                       hosts=cluster.ssh.hosts if cluster.ssh else (), run_module=run_module,
                       trainer_defaults=defaults, gpu_inventory=inventory, gpu_busy=busy,
-                      passthrough_env=passthrough_env(recipe))
+                      passthrough_env=passthrough_env(recipe), container_runtime=container_runtime(recipe, cluster),
+                      cwd=rank_cwd if rank_cwd and not package else str(cwd), package_root=package_root())
     plan = make_plan(host_recipe, cluster, facts, notes=notes)
+    if plan.container is not None:
+        plan = dataclasses.replace(plan, package_root=package_root())
+        if not rank_cwd:  # the ranks start where they would without it, mounted
+            rank_cwd = str(cwd)
     if rank_cwd or package:
         plan = dataclasses.replace(plan, rank_cwd=rank_cwd, node_package=package)
     files = render_files(plan, host_recipe.to_dict())
     files.update(stage_files)
     files.update(launcher_for(cluster).prepare(plan).files)  # e.g. the standalone job.sbatch (pure prepare)
     return Prepared(recipe=recipe, cluster=cluster, plan=plan, files=files)
+
+
+def _check_container_files(recipe, cluster: ClusterSpec) -> None:
+    """An image given as a file (.sqsh / .sif) must exist here when the nodes see this machine's files (local, and
+    SLURM's shared filesystem); SSH hosts check their own in the pre-flight. Mounts' host paths on this machine:
+    local only (a SLURM node checks its own at start)."""
+    spec = getattr(recipe, "container", None)
+    if spec is None or not spec.image or cluster.kind == "ssh":
+        return
+    problems = []
+    if spec.image.startswith(("/", "./", "~")) or spec.image.endswith((".sqsh", ".squashfs", ".sif")):
+        path = Path(spec.image).expanduser()
+        if not path.is_file():
+            problems.append(Problem("container.image", f"image file not found: {path}"))
+    if cluster.kind == "local":
+        from orchestrator.core.container import parse_mount
+        for i, text in enumerate(spec.mounts):
+            m = parse_mount(text)[0]
+            if m is not None and not Path(m.host).expanduser().exists():
+                problems.append(Problem(f"container.mounts[{i}]", f"host path {m.host} does not exist"))
+    if problems:
+        raise ConfigError(problems, source=recipe.source)
 
 
 def _staging(recipe, cluster, cwd: Path, output_dir: str):
@@ -384,9 +465,10 @@ def _staging(recipe, cluster, cwd: Path, output_dir: str):
     cache = ssh_stage.hash_cache()
     package = ssh_stage.package_tree(cache).sha
     cache.save()
-    needed = ["torch", "accelerate"]
-    if not isinstance(recipe, RunJobSpec) or recipe.run.kind == "trl":
-        needed += ["transformers", "trl"]
+    container = getattr(recipe, "container", None)
+    # what the hosts' python must have: the stack, unless it is in the container image (checked there instead)
+    needed = [] if container is not None and container.image else \
+        list(needed_packages(recipe.run.kind if isinstance(recipe, RunJobSpec) else "recipe"))
     doc = {"sources": [dataclasses.asdict(x) for x in layout.sources], "output_local": layout.output_local,
            "output_key": layout.output_key, "fetch": layout.fetch, "stage": layout.stage,
            "inputs": list(layout.inputs), "needed": needed, "package": package}

@@ -131,10 +131,12 @@ class SlurmLauncher:
         argv = agent_argv(plan.python, plan.run_dir)  # each task binds its rank from SLURM_NODEID
         nodes = tuple(NodeCommand(node_rank=n.node_rank, host="", argv=argv, env={}, secret_env=plan.secret_env)
                       for n in plan.node_plans)
+        pyxis = plan.container is not None and plan.container.runtime == "pyxis"
         return Submission(kind=self.kind, run_dir=plan.run_dir, nodes=nodes, files={RunDir.SBATCH: script},
                           extra={"submitit": self.submitit_parameters(plan), "python": plan.python,
                                  "max_restarts": int(plan.health.max_restarts or 0), "nodes": plan.nodes,
-                                 "job_id": plan.job_id})
+                                 "job_id": plan.job_id, "pyxis": pyxis,
+                                 "image": plan.container.image if plan.container is not None else None})
 
     def submitit_parameters(self, plan: LaunchPlan) -> dict:
         """SlurmExecutor parameters equivalent to job.sbatch (time given exactly, as a string)."""
@@ -206,6 +208,8 @@ class SlurmLauncher:
         """One sbatch. `cancel` set before it (during the `--test-only` check): SubmitCancelled, nothing submitted.
         sbatch itself is not interrupted (own_session_executor): a cancel or hang-up that comes meanwhile is the
         supervisor's to act on, with the job id sbatch returns (scancel, or detach)."""
+        if submission.extra.get("pyxis"):  # the task step runs in the image: no submitit python there, the script
+            return self.submit_sbatch(submission, run_dir, cancel)
         run_dir.mkdir(RunDir.LOGS)
         run_dir.write_files(submission.files)
         self.preflight(run_dir.path(RunDir.SBATCH), cancel)
@@ -229,12 +233,17 @@ class SlurmLauncher:
                                                               "nodes": submission.extra.get("nodes")})
         return SlurmJob(self, handle, run_dir, int(submission.extra.get("nodes") or len(submission.nodes)))
 
-    def submit_sbatch(self, submission: Submission, run_dir: RunDir) -> "SlurmJob":
-        """Submit the rendered job.sbatch with plain `sbatch` (what a user does by hand)."""
+    def submit_sbatch(self, submission: Submission, run_dir: RunDir, cancel: threading.Event | None = None
+                      ) -> "SlurmJob":
+        """Submit the rendered job.sbatch with plain `sbatch` (what a user does by hand; what runs a pyxis job)."""
         run_dir.mkdir(RunDir.LOGS)
         run_dir.write_files(submission.files)
         script = run_dir.path(RunDir.SBATCH)
-        self.preflight(script)
+        self.preflight(script, cancel)
+        if submission.extra.get("pyxis") and not srun_knows_containers():
+            raise ConfigError(Problem("container.runtime", f"pyxis: this cluster's srun has no --container-image "
+                                                           f"(the pyxis plugin is not installed on {self._name!r}); "
+                                                           "use runtime apptainer, enroot or podman"))
         old = os.umask(0o077)  # sbatch hands its umask to the job (SLURM_UMASK): the job's files are owner-only
         try:
             r = run_apart(["sbatch", "--parsable", str(script)], timeout=60)  # (apart: see own_session_executor)
@@ -303,6 +312,15 @@ class SlurmLauncher:
 
 
 UNKNOWN_GIVE_UP_S = 300.0
+
+
+def srun_knows_containers() -> bool:
+    """The pyxis plugin adds --container-image to srun."""
+    try:
+        r = subprocess.run(["srun", "--help"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--container-image" in r.stdout
 
 
 def parse_gres_gpus(gres: str) -> int:

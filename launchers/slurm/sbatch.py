@@ -21,7 +21,8 @@ import shlex
 from typing import Any
 
 from orchestrator.errors import Problem
-from orchestrator.core.jobplan import LaunchPlan
+from orchestrator.core.container import PACKAGE_DIR, srun_flags
+from orchestrator.core.jobplan import RUN_DIR_VAR, LaunchPlan
 from orchestrator.node.agent import agent_argv
 from orchestrator.core.plan import parse_time_s, slurm_problems
 
@@ -131,11 +132,13 @@ def render_sbatch(plan: LaunchPlan, slurm: Any, run_dir: str | None = None, pyth
         "# One task per node. Each node agent binds its own rank from SLURM_NODEID and the main address from",
         "# SLURM_JOB_NODELIST inside its task: nothing node-specific is expanded in this batch shell.",
         "# --kill-on-bad-exit: one node failing ends every node's task.",
+        *_container_lines(plan, run_dir),
         'srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" '
         "--ntasks-per-node=1 \\",
         '    --output="$RUN_DIR/logs/node%n.log" --open-mode=append \\',
+        *_pyxis_flags(plan, run_dir),
         "    " + " ".join({python: '"$PYTHON"', run_dir: '"$RUN_DIR"'}.get(a, shlex.quote(a))
-                       for a in agent_argv(python, run_dir)) + " &",
+                       for a in agent_argv(_agent_python(plan, python), run_dir)) + " &",
         "SRUN_PID=$!",
         "",
         f"# {SIGNAL} ahead of the time limit (or `scancel --batch --signal={SIGNAL}`): forward it to every task;",
@@ -157,3 +160,35 @@ def render_sbatch(plan: LaunchPlan, slurm: Any, run_dir: str | None = None, pyth
         "",
     ]
     return "\n".join(lines)
+
+
+def _pyxis(plan: LaunchPlan) -> bool:
+    return plan.container is not None and plan.container.runtime == "pyxis"
+
+
+def _agent_python(plan: LaunchPlan, python: str) -> str:
+    """pyxis: the node agent runs in the image, by its python; else this cluster's (slurm.python)."""
+    return plan.container.python if _pyxis(plan) and plan.container is not None else python
+
+
+def _container_lines(plan: LaunchPlan, run_dir: str) -> list[str]:
+    """What the batch shell says and sets for a container job."""
+    cp = plan.container
+    if cp is None:
+        return []
+    if not _pyxis(plan):
+        return [f"# Each node agent starts the launcher in the container ({cp.runtime}, image {cp.image}); see",
+                "# nodes/<R>/command.txt for the exact command line.", ""]
+    return [f"# The task step runs in the container (pyxis, image {cp.image}): the node agent, the launcher and the",
+            f"# ranks, with orchestrate's node package mounted read-only at {PACKAGE_DIR}.",
+            f"export PYTHONPATH={shlex.quote(PACKAGE_DIR)}", ""]
+
+
+def _pyxis_flags(plan: LaunchPlan, run_dir: str) -> list[str]:
+    """The task step's --container-* flags (core.container.srun_flags), one per line."""
+    cp = plan.container
+    if cp is None or not _pyxis(plan):
+        return []
+    cwd = plan.rank_cwd.replace(RUN_DIR_VAR, run_dir)
+    flags = srun_flags(cp, run_dir=run_dir, package=plan.package_root, cwd=cwd, env_names=["PYTHONPATH"])
+    return [f"    {shlex.quote(f)} \\" for f in flags]

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 from orchestrator.core.jobplan import LaunchPlan
 from orchestrator.core.schema import is_secret_name
 from orchestrator.errors import LaunchError, PreflightError, Problem
-from launchers.base import run_dir_logs, status_from_nodes
+from launchers.base import container_problems, record_container, run_dir_logs, status_from_nodes
 from launchers.ssh.job import Node, SSHJob, copy_run_dir, node_at_host, rank_at_host
 from launchers.ssh.remote import (WRAPPER_MARK, agent_shell, await_probe, close_channel,
                                                teardown_command)
@@ -66,6 +66,8 @@ class SSHLauncher:
             probe = {"workdir": self._workdir(host), "port": int(plan.port) if np_.node_rank == 0 else 0,
                      "check": f"{run_dir}/{RunDir.PLAN}" if shared else ""}
             probe.update(probe_network_gpus(plan, np_.env))
+            if plan.container is not None and plan.container.agent_side:  # the stack is checked in the image
+                probe.update(container=plan.container.to_dict(), needed=list(plan.needed()))
             prefix = agent_prefix(self._workdir(host), plan.node_package) if plan.node_package and not shared else ()
             argv = ("setsid", "-w") + prefix + agent_argv(python, run_dir, node_rank=np_.node_rank, watch_stdin=True,
                                                  secrets_stdin=True, forward_heartbeats=True, grace=self.grace_s,
@@ -77,7 +79,8 @@ class SSHLauncher:
         extra = {"job_id": plan.job_id, "main_host": plan.main_host, "port": plan.port, "shared_fs": shared,
                  "python": python, "remote_run_dirs": run_dirs, "copy": copies, "package": plan.node_package,
                  "workdirs": {n.node_rank: self._workdir(n.host) for n in nodes},
-                 "deepspeed": plan.distributed_type == "DEEPSPEED"}
+                 "deepspeed": plan.distributed_type == "DEEPSPEED",
+                 "container": plan.container.to_dict() if plan.container is not None else None}
         if plan.accelerator == "gpu":  # what the pre-flight compares with each host's GPUs (gpu_problems)
             extra["gpus"] = {"procs_per_node": plan.procs_per_node, "gpu_ids": list(plan.gpu_ids),
                              "allow_idle": plan.allow_idle_gpus, "declared": getattr(self.ssh, "gpus_per_node", None)}
@@ -147,6 +150,10 @@ class SSHLauncher:
                 problems.append(Problem(host, f"{type(res).__name__}: {res}"))
         if not problems and sub.extra.get("gpus"):
             problems.extend(gpu_problems(sub.extra["gpus"], {h: r["probe"] for h, r in results.items()}))
+        checks = {h: r["probe"]["container"] for h, r in results.items() if isinstance(r, dict)
+                  and "container" in r["probe"]}
+        if not problems and checks:
+            problems.extend(container_problems(sub.extra["container"]["image"], checks))
         if problems:
             for chan in chans.values():
                 close_channel(chan)  # stdin EOF: every waiting agent exits without starting anything
@@ -154,6 +161,8 @@ class SSHLauncher:
                 session.close()
             pool.close()
             raise PreflightError(problems)
+        if checks:
+            record_container(local, sub.extra["container"], checks)
         return pool, results
 
     def pool(self):
@@ -193,7 +202,8 @@ class SSHLauncher:
         job = sub.extra["job_id"]
         links = {f"runs/{job}/staged/{t.label}": t.sha for t in trees[1:]}
         links[f"runs/{job}/output"] = layout.output_key
-        needed = tuple(doc.get("needed", ())) + (("deepspeed",) if sub.extra.get("deepspeed") else ())
+        needed = () if sub.extra.get("container") else \
+            tuple(doc.get("needed", ())) + (("deepspeed",) if sub.extra.get("deepspeed") else ())  # else: in the image
         stager = st.Stager(pool, self.ssh, trees, links, needed)
         hosts = [n.host for n in sub.nodes]
         stager.hello(hosts, () if layout.stage else layout.inputs)

@@ -70,7 +70,20 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
     return {"job": record["id"], "state": record["state"], "backend": record["backend"], "handle": record["handle"],
             "cluster": record["cluster"], "nodes": nodes, "ranks": ranks, "restarts": record.get("restarts") or 0,
             "exit_code": record.get("exit_code"), "root_cause": record.get("root_cause"), "run_dir": record["run_dir"],
-            "created": record["created"], "updated": record["updated"], "fetched": _fetched(run_dir)}
+            "created": record["created"], "updated": record["updated"], "fetched": _fetched(run_dir),
+            "container": _container(run_dir, plan)}
+
+
+def _container(run_dir: Path, plan: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's container: the image reference, the runtime and, per host, the image's id / digest and the stack's
+    versions in it (RUN_DIR/container.json from the pre-flight; on SLURM each node agent's nodes/<R>/container.json)."""
+    if not plan.get("container"):
+        return None
+    rec = _read_json(run_dir / "container.json")
+    hosts = dict(rec.get("hosts") or {})
+    for node in plan.get("node_plans") or []:
+        hosts.update(_read_json(run_dir / "nodes" / str(node["node_rank"]) / "container.json").get("hosts") or {})
+    return {"runtime": plan["container"].get("runtime"), "image": plan["container"].get("image"), "hosts": hosts}
 
 
 def _fetched(run_dir: Path) -> str | None:
@@ -138,6 +151,11 @@ def status_text(st: dict[str, Any]) -> str:
         lines.append(f"sched    {st['scheduler']}")
     if st["root_cause"]:
         lines.append(f"cause    {st['root_cause']}")
+    if st.get("container"):
+        c = st["container"]
+        ids = sorted({(h.get("image") or {}).get("digest") or (h.get("image") or {}).get("id") or ""
+                      for h in c["hosts"].values()} - {""})
+        lines.append(f"image    {c['image']} ({c['runtime']})" + (f"  {', '.join(i[:71] for i in ids)}" if ids else ""))
     lines.append("")
     lines.append(f"{'NODE':<5} {'HOST':<20} {'RANKS':<9} {'EXIT':<5} NOTE")
     for n in st["nodes"]:

@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.core.container import ContainerPlan
 from orchestrator.core.health import HealthSpec
 
 PLAN_VERSION = 1
@@ -95,9 +96,17 @@ class LaunchPlan:
     # "": the agent's own) and the content hash of the node package the hosts get (""; they import their own)
     rank_cwd: str = ""
     node_package: str = ""
+    # The container every node's launcher runs in (docs/containers.md); None: the hosts' own python. `package_root`:
+    # where the submit host's node package is (holding orchestrator/ and recipes/; a container mounts those two).
+    container: ContainerPlan | None = None
+    package_root: str = ""
 
     def node(self, rank: int) -> NodePlan:
         return self.node_plans[rank]
+
+    def needed(self) -> tuple[str, ...]:
+        """What the ranks' interpreter must import (jobplan.needed_packages)."""
+        return needed_packages(self.run_kind, self.distributed_type == "DEEPSPEED")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -107,6 +116,7 @@ class LaunchPlan:
         d["run_paths"] = list(self.run_paths)
         d["gpu_ids"] = list(self.gpu_ids)
         d["env_passthrough"] = list(self.env_passthrough)
+        d["container"] = self.container.to_dict() if self.container is not None else None
         for name in _UNSET_LEFT_OUT:  # fields added after version 1: written when they say something (a built-in
             if d[name] == _DEFAULTS[name]:  # recipe's plan.json keeps its bytes)
                 del d[name]
@@ -124,6 +134,7 @@ class LaunchPlan:
         d["run_paths"] = tuple(d.get("run_paths", ()))
         d["gpu_ids"] = tuple(d.get("gpu_ids", ()))
         d["env_passthrough"] = tuple(d.get("env_passthrough", ()))
+        d["container"] = ContainerPlan.from_dict(d["container"]) if d.get("container") else None
         d["parallelism"] = dict(d["parallelism"])
         d["health"] = HealthSpec(**(d.get("health") or {}))
         return cls(**d)
@@ -134,7 +145,19 @@ class LaunchPlan:
 
 
 _UNSET_LEFT_OUT = ("run_kind", "run_target", "run_paths", "gpus_per_node", "gpu_ids", "allow_idle_gpus",
-                   "network_interface", "env_passthrough", "rank_cwd", "node_package")
+                   "network_interface", "env_passthrough", "rank_cwd", "node_package", "container", "package_root")
 _DEFAULTS: dict[str, Any] = {"run_kind": "recipe", "run_target": "", "run_paths": [], "gpus_per_node": None,
                              "gpu_ids": [], "allow_idle_gpus": False, "network_interface": None, "env_passthrough": [],
-                             "rank_cwd": "", "node_package": ""}
+                             "rank_cwd": "", "node_package": "", "container": None,
+                             "package_root": ""}
+def needed_packages(run_kind: str, deepspeed: bool = False) -> tuple[str, ...]:
+    """The Python packages the ranks' interpreter must have (a host's, or the container image's): torch and
+    accelerate always; transformers and trl for a built-in recipe or a TRL subcommand; deepspeed for its profiles."""
+    out = ("torch", "accelerate") + (("transformers", "trl") if run_kind in ("recipe", "trl") else ())
+    return out + (("deepspeed",) if deepspeed else ())
+
+
+# What the node agent sets for the ranks besides the plan's env (orchestrator.node.agent.Agent.environment): a
+# container gets these names passed in (with the plan's env, the container's env and the secrets).
+AGENT_ENV = ("ORCHESTRATE_RUN_DIR", "ORCHESTRATE_JOB_ID", "ORCHESTRATE_NODE_RANK", "ORCHESTRATE_ACCELERATOR",
+             "ORCHESTRATE_HEARTBEAT_DIR", "PYTHONUNBUFFERED", "PYTHONPATH")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import ConfigError, Problem
+from orchestrator.core.container import ContainerPlan, job_mounts, parse_mount, visible
 from orchestrator.core.health import HealthSpec
 from orchestrator.core.jobplan import LATE_IFNAME, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan, NodePlan
 from orchestrator.core.schema import is_secret_name
@@ -69,6 +70,12 @@ class PlanFacts:
     gpu_inventory: dict[str, int] | None = None
     gpu_busy: tuple[int, ...] = ()  # local: GPUs other live jobs on this machine are bound to
     passthrough_env: dict[str, str] | None = None  # the submitter's variables matching launch.env_passthrough
+    # Containers (docs/containers.md): the runtime `container.runtime: auto` resolved to (None: none found, or not
+    # asked), where the ranks start on the submit host (local, SLURM, a shared filesystem) and where the node package
+    # (orchestrator) lives there: what the mounts must cover.
+    container_runtime: str | None = None
+    cwd: str = ""
+    package_root: str = ""
 
 
 def check_accelerate_config(cfg: Any, where: str) -> list[Problem]:
@@ -219,6 +226,64 @@ def _cluster_rules(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, ppn:
                                                     f"{len(hosts)} host(s)"))
     if cluster.kind == "slurm" and cluster.slurm is not None:
         problems.extend(slurm_problems(cluster.slurm, cluster.name, ppn, facts.accelerator))
+
+
+# ----------------------------------------------------------------------------------------- containers
+
+IMAGE_FILES = {".sqsh": ("pyxis", "enroot"), ".squashfs": ("pyxis", "enroot"), ".sif": ("apptainer",)}
+
+
+def container_plan(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, cpu: bool, job_paths: list[tuple[str, str]],
+                   problems: list[Problem]) -> ContainerPlan | None:
+    """The job's container (its `container:` block, the cluster's merged under it by core.spec), resolved and checked:
+    the runtime fits the backend, an image file fits the runtime, every path the job names is visible inside.
+    `job_paths`: (key, absolute host path) of what the ranks read or write."""
+    spec = recipe.container
+    if spec is None or not spec.image:
+        if spec is not None and (spec.mounts or spec.env or spec.workdir or spec.runtime != "auto"):
+            problems.append(Problem("container.image", "missing: a container block needs an image (or set "
+                                                       "`container: null` to run without one)"))
+        return None
+    runtime = spec.runtime if spec.runtime != "auto" else facts.container_runtime
+    where = {"local": "this machine", "ssh": "the hosts", "slurm": "the SLURM login node"}.get(cluster.kind, "")
+    if runtime is None:
+        problems.append(Problem("container.runtime", f"auto: found no container runtime on {where} (podman, docker, "
+                                                      "apptainer, enroot; pyxis on SLURM): install one or name it"))
+        return None
+    if runtime == "pyxis" and cluster.kind != "slurm":
+        problems.append(Problem("container.runtime", f"pyxis runs containers only on SLURM (srun --container-image);"
+                                                     f" on a {cluster.kind} cluster use podman, docker, apptainer or "
+                                                     "enroot"))
+    suffix = next((x for x in IMAGE_FILES if spec.image.endswith(x)), None)
+    if suffix and runtime not in IMAGE_FILES[suffix]:
+        problems.append(Problem("container.image", f"{spec.image}: a {suffix} file runs with "
+                                                   f"{' or '.join(IMAGE_FILES[suffix])}, not {runtime}"))
+    if runtime in ("podman", "docker") and spec.image.startswith(("/", "./", "~")):
+        problems.append(Problem("container.image", f"{runtime} runs an image by name (a registry reference or one "
+                                                   f"loaded on the hosts), not a file: {spec.image}"))
+    if spec.workdir is not None and not spec.workdir.startswith("/"):
+        problems.append(Problem("container.workdir", f"must be an absolute path inside the container, got "
+                                                     f"{spec.workdir!r}"))
+    for name, _ in spec.env.items():
+        if name in ("PYTHONPATH",):
+            problems.append(Problem(f"container.env.{name}", "set by orchestrate (the node package and its hooks "
+                                                             "must stay importable in the container)"))
+    mounts = tuple(m for m in (parse_mount(t)[0] for t in spec.mounts) if m is not None)
+    if runtime == "pyxis":
+        problems.extend(Problem(f"container.mounts[{i}]", f"pyxis: write the host path in full ({m.host}: srun does "
+                                                          "not expand ~)") for i, m in enumerate(mounts)
+                        if not m.host.startswith("/"))
+    cp = ContainerPlan(runtime=runtime, image=spec.image, mounts=mounts, env=dict(spec.env),
+                       workdir=spec.workdir or "", python=spec.python, options=tuple(spec.options),
+                       gpus=not cpu and runtime != "pyxis")
+    if cluster.kind != "ssh" or (cluster.ssh is not None and cluster.ssh.shared_fs):  # staged hosts: all in the run dir
+        seen = job_mounts(cp, run_dir=facts.run_dir, package=facts.package_root, cwd=facts.cwd)
+        for key, path in job_paths:
+            if path.startswith("/") and not visible(seen, path):
+                problems.append(Problem("container.mounts", f"{path} ({key}) is not visible in the container: mount "
+                                                            f"it (container.mounts: [{path}:{path}:ro]) or move it "
+                                                            f"under {facts.cwd or 'the submit directory'}"))
+    return cp
 
 
 # ----------------------------------------------------------------------------------------- GPUs (docs/gpus.md)
@@ -574,6 +639,12 @@ def make_plan(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, notes: tu
     env[PREFLIGHT_TIMEOUT_VAR] = f"{float(health.preflight_timeout):g}"
 
     entry = run_entry(recipe, facts)
+    container = container_plan(recipe, cluster, facts, cpu, _job_paths(recipe, facts, entry), problems)
+    if problems:
+        raise ConfigError(problems, source=recipe.source)
+    if container is not None:
+        env.update(container.env)
+    python = container.python if container is not None and container.agent_side else facts.python
     node_plans = []
     bind_gpus = layout.visible is not None and "CUDA_VISIBLE_DEVICES" not in env  # the user's own setting wins
     for r in range(nodes):
@@ -581,7 +652,7 @@ def make_plan(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, notes: tu
                            port=facts.port, cpu=cpu, mixed_precision=mp, par=par)
         node_env = dict(env, CUDA_VISIBLE_DEVICES=_ids(layout.visible[r])) if bind_gpus and layout.visible else env
         node_plans.append(NodePlan(node_rank=r, host=hosts[r], ranks=tuple(range(r * ppn, (r + 1) * ppn)),
-                                   accelerate_config=cfg, command=node_command(facts.python, r, entry),
+                                   accelerate_config=cfg, command=node_command(python, r, entry),
                                    env=dict(sorted(node_env.items()))))
 
     bs, ga, max_len, exact = _batch(recipe, facts)
@@ -604,7 +675,21 @@ def make_plan(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, notes: tu
         warnings=tuple(warnings), health=health, run_kind=run_kind,
         run_target=run_target, run_paths=run_paths, gpus_per_node=layout.gpus_per_node, gpu_ids=layout.subset,
         allow_idle_gpus=recipe.launch.allow_idle_gpus and not cpu, network_interface=ifname,
-        env_passthrough=tuple(passed))
+        env_passthrough=tuple(passed), container=container)
+
+
+def _job_paths(recipe: JobSpec, facts: PlanFacts, entry: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(key, absolute path) of what the ranks read or write on the node: the output dir, the data and model of a
+    built-in recipe, the script and path-like args of own code."""
+    out = [("output dir", facts.output_dir)]
+    if isinstance(recipe, RecipeSpec):
+        out += [("data.path", p) for p in recipe.data.path]
+        out += [("model.name_or_path", recipe.model.name_or_path)]
+        if recipe.tokenizer:
+            out.append(("tokenizer", recipe.tokenizer))
+    else:
+        out += [("run", p) for p in _run_paths(entry)]
+    return [(k, p) for k, p in out if isinstance(p, str) and p.startswith("/") and RUN_DIR_VAR not in p]
 
 
 def resolve_health(health: HealthSpec, cluster: ClusterSpec) -> HealthSpec:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.core.accelconf import HEADER, accelerate_config_text, to_yaml as _yaml
-from orchestrator.core.jobplan import LATE_IFNAME, RUN_DIR_VAR, LaunchPlan
+from orchestrator.core.container import PACKAGE_VAR, container_argv_shown
+from orchestrator.core.jobplan import AGENT_ENV, LATE_IFNAME, RUN_DIR_VAR, LaunchPlan
 from orchestrator.core.plan import command_line
 
 def node_accelerate_yaml(plan: LaunchPlan, rank: int) -> str:
@@ -32,6 +33,20 @@ def node_command_text(plan: LaunchPlan, rank: int) -> str:
                  f"own process group; {RUN_DIR_VAR} is where the run dir is on the node, here {plan.run_dir}):")
     lines.append(command_line([plan.run_dir + a[len(RUN_DIR_VAR):] if a.startswith(RUN_DIR_VAR) else a
                                for a in node.command]))
+    cp = plan.container
+    if cp is not None:
+        def bind(a: str) -> str:
+            return plan.run_dir + a[len(RUN_DIR_VAR):] if a.startswith(RUN_DIR_VAR) else a
+        if cp.agent_side:
+            names = sorted(set(node.env) | set(AGENT_ENV) | set(plan.secret_env))
+            argv = container_argv_shown(cp, [bind(a) for a in node.command], job_id=plan.job_id, node_rank=rank,
+                                        run_dir=plan.run_dir, cwd=bind(plan.rank_cwd), env_names=names)
+            lines.append(f"# ... which runs in the container ({cp.runtime}, image {cp.image}): the node agent stays "
+                         f"outside and runs exactly this ({PACKAGE_VAR}: where the node package is on the node):")
+            lines.append(command_line(argv))
+        else:
+            lines.append(f"# ... in the container ({cp.runtime}, image {cp.image}): the task step's srun carries the "
+                         "--container-* flags (job.sbatch), the node agent runs inside")
     return "\n".join(lines) + "\n"
 
 

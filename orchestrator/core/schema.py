@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Union
 
+from orchestrator.core.container import parse_mount
 from orchestrator.core.hostlist import HostlistError, expand
 from orchestrator.errors import Problem
 
@@ -108,6 +109,7 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     else "must be a list of environment variable name prefixes (NCCL_, FI_, ...)",
     "ifname": lambda x: None if isinstance(x, str) and IFNAME.match(x)
     else f"must be a network interface name (eth0, ib0, ...) or auto, got {x!r}",
+    "mounts": lambda x: None if isinstance(x, list) else f"must be a list of HOST:CONTAINER[:ro|rw], got {x!r}",
 }
 
 
@@ -226,9 +228,16 @@ def check_run_args(value: list | dict, path: str) -> tuple[tuple[str, ...] | dic
     return out, problems
 
 
+def check_mounts(value: list, path: str) -> tuple[tuple[str, ...], list[Problem]]:
+    """Container mounts `HOST:CONTAINER[:ro|rw]` (core.container.parse_mount), each bad one named (`...mounts[1]`)."""
+    problems = [Problem(f"{path}[{i}]", why) for i, item in enumerate(value) for why in [parse_mount(item)[1]] if why]
+    return tuple(str(x) for x in value), problems
+
+
 # kinds whose value is transformed once checked: (value, key path) -> (value, problems)
 CONVERT: dict[str, Callable[[Any, str], tuple[Any, list[Problem]]]] = {
     "env_map": check_env_map,
+    "mounts": check_mounts,
     "hosts": expand_hosts,
     "run_args": check_run_args,
 }
@@ -259,6 +268,7 @@ Procs = Annotated[Union[int, str], Check("procs")]  # an integer >= 1, or "auto"
 GpuIds = Annotated[tuple[int, ...], Check("gpu_ids")]  # GPU indices of a node, e.g. [0, 1]
 Prefixes = Annotated[tuple[str, ...], Check("prefix_list")]  # env name prefixes, e.g. [NCCL_, FI_]
 IfName = Annotated[str, Check("ifname")]  # a network interface name, or "auto"
+Mounts = Annotated[tuple[str, ...], Check("mounts")]  # container mounts HOST:CONTAINER[:ro|rw]
 Internal = Annotated[str, Check("internal")]  # set by the program (e.g. the source file), never read from input
 
 _BY_TYPE = {bool: "bool", int: "nonneg_int", float: "pos_number", str: "str", tuple: "str_list", list: "str_list",

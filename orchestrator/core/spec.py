@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Annotated, Any, Callable
 
 from orchestrator.core.health import HealthSpec
-from orchestrator.core.schema import (Check, EnvMap, GpuIds, Hosts, IfName, Internal, NameList, Port, PosInt, Prefixes,
-                                      Procs, RunArgs, StrOrList, arg_text, build, check_value, duplicate_hosts,
-                                      expand_host_entry, from_plain, is_secret_name, one_of, rules, suggest, to_plain)
+from orchestrator.core.container import RUNTIMES
+from orchestrator.core.schema import (Check, EnvMap, GpuIds, Hosts, IfName, Internal, Mounts, NameList, Port, PosInt,
+                                      Prefixes, Procs, RunArgs, StrOrList, arg_text, build, check_value,
+                                      duplicate_hosts, expand_host_entry, from_plain, is_secret_name, one_of, rules,
+                                      suggest, to_plain)
 from orchestrator.errors import ConfigError, Problem
 
 _DOT_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)*$")
@@ -92,6 +94,20 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True)
+class ContainerSpec:
+    """Run the ranks in a container image (docs/containers.md). Set in the job file, the cluster file, or both: the
+    job's keys override the cluster's; `container: null` in the job runs it without the cluster's container."""
+
+    image: str | None = None  # a registry reference, a local .sqsh/.sif path, or a name present on the hosts
+    runtime: Annotated[str, one_of("auto", *RUNTIMES)] = "auto"  # auto: what the cluster has
+    mounts: Mounts = ()  # HOST:CONTAINER[:ro|rw]; HOST absolute or ~/... (expanded on each node)
+    env: EnvMap = field(default_factory=dict)  # extra non-secret env inside (secrets: launch.secret_env)
+    workdir: str | None = None  # where the ranks start inside (default: their working directory, mounted)
+    python: str = "python3"  # the image's interpreter
+    options: tuple[str, ...] = ()  # extra flags for the runtime, verbatim (e.g. --shm-size=16g)
+
+
+@dataclass(frozen=True)
 class RecipeSpec:
     recipe: Annotated[str, one_of("sft", "dpo", "cp")]
     model: ModelSpec
@@ -102,6 +118,7 @@ class RecipeSpec:
     outputs: OutputsSpec = field(default_factory=OutputsSpec)
     launch: LaunchSpec = field(default_factory=LaunchSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
+    container: ContainerSpec | None = None
     source: Internal = "<recipe>"
 
     @property
@@ -110,7 +127,7 @@ class RecipeSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe, as written to RUN_DIR/recipe.yaml (plain data, no secrets)."""
-        return to_plain(self, exclude=("source",))
+        return to_plain(self, exclude=("source",) + (("container",) if self.container is None else ()))
 
 
 @dataclass(frozen=True)
@@ -227,6 +244,7 @@ class RunJobSpec:
     outputs: OutputsSpec = field(default_factory=OutputsSpec)
     launch: LaunchSpec = field(default_factory=LaunchSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
+    container: ContainerSpec | None = None
     source: Internal = "<recipe>"
     output_dir: Internal = ""  # set by the caller's path resolution: `--output_dir` of the args, or the default
 
@@ -236,7 +254,7 @@ class RunJobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved job, as written to RUN_DIR/recipe.yaml (plain data, no secrets)."""
-        d = to_plain(self, exclude=("source", "output_dir"))
+        d = to_plain(self, exclude=("source", "output_dir") + (("container",) if self.container is None else ()))
         d["run"] = {k: v for k, v in d["run"].items() if v is not None}
         return d
 
@@ -298,6 +316,7 @@ class ClusterSpec:
     env: EnvMap = field(default_factory=dict)
     ssh: SSHSpec | None = None
     slurm: SlurmSpec | None = None
+    container: ContainerSpec | None = None  # every job on this cluster runs in it (a job's own block overrides keys)
     source: Internal = "<builtin local>"
 
 
@@ -690,6 +709,18 @@ def _list_args_overrides(recipe_file: dict[str, Any], rec_over: dict[str, Any]) 
     run["args"] = words
 
 
+def with_cluster_container(job: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
+    """The job's `container:` block over the cluster's, key by key (`env` name by name); `container: null` in the job
+    means no container at all. Pure: plain dicts in, a new job dict out (checked by the schema afterwards)."""
+    mine, theirs = job.get("container", {}), cluster.get("container")
+    if mine is None or not isinstance(theirs, dict) or not isinstance(mine, dict):
+        return job
+    merged = {**theirs, **mine}
+    if isinstance(theirs.get("env"), dict) and isinstance(mine.get("env"), dict):
+        merged["env"] = {**theirs["env"], **mine["env"]}
+    return {**job, "container": merged}
+
+
 def load(recipe_path: str, cluster_path: str | None = None, flags: dict[str, Any] | None = None,
          overrides: list[str] | None = None, trainer_fields: TrainerFields | None = None,
          trl_commands: TrlCommands | None = None) -> tuple[JobSpec, ClusterSpec]:
@@ -713,6 +744,7 @@ def load(recipe_path: str, cluster_path: str | None = None, flags: dict[str, Any
     if cluster_path:
         cluster_dict = _resolve(read_yaml(cluster_path, "cluster"), cluster_path)
     cluster_dict = _merge(cluster_dict, clu_over) if clu_over else cluster_dict
+    recipe_dict = with_cluster_container(recipe_dict, cluster_dict)
     errors: list[ConfigError] = []
     recipe: JobSpec | None = None
     cluster: ClusterSpec | None = None

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from orchestrator.core.hostlist import first_host
-from orchestrator.core.jobplan import LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan
+from orchestrator.core.jobplan import AGENT_ENV, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan
 from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_marked, marked, marked_ranks,
                                          process_start_time, signal_group, signal_pids)
 from orchestrator.node.rundir import AgentRecord, ExitRecord, RunDir
@@ -33,6 +33,7 @@ from orchestrator.node.rundir import AgentRecord, ExitRecord, RunDir
 DEFER_HANG_S = 3.0  # see Agent.monitor
 MODULE = "orchestrator.node"  # `python -m orchestrator.node RUN_DIR ...` runs `main` below
 HOOKS_DIR = Path(__file__).resolve().parent / "hooks"  # zero-code health hooks for the ranks (sitecustomize)
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # holds orchestrator/ and recipes/ (what a container mounts)
 
 RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
 NODELIST_ENV = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -118,18 +119,45 @@ class Agent:
         return path
 
     def environment(self, secrets: dict[str, str]) -> dict[str, str]:
+        """The ranks' environment: this process's, the plan's for this node, orchestrate's own (jobplan.AGENT_ENV),
+        the launch's marker and the secrets. In a container the same names are passed in (`container_env_names`) and
+        PYTHONPATH points at the node package mounted there (core.container.PYTHONPATH)."""
         env = dict(os.environ)
         env.update(self.node_env())
-        env.update(ORCHESTRATE_RUN_DIR=str(self.run_dir), ORCHESTRATE_JOB_ID=self.plan.job_id,
+        own = dict(ORCHESTRATE_RUN_DIR=str(self.run_dir), ORCHESTRATE_JOB_ID=self.plan.job_id,
                    ORCHESTRATE_NODE_RANK=str(self.rank), ORCHESTRATE_ACCELERATOR=self.plan.accelerator,
                    ORCHESTRATE_HEARTBEAT_DIR=str(self.rd.heartbeats), PYTHONUNBUFFERED="1")
-        if HOOKS_DIR.is_dir():  # the ranks' zero-code health hooks (sitecustomize), ahead of the user's path
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS_DIR), env.get("PYTHONPATH", "")) if p)
+        if self.plan.container is not None:
+            from orchestrator.core.container import PYTHONPATH
+            own["PYTHONPATH"] = PYTHONPATH
+        elif HOOKS_DIR.is_dir():  # the ranks' zero-code health hooks (sitecustomize), ahead of the user's path
+            own["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS_DIR), env.get("PYTHONPATH", "")) if p)
+        assert set(own) <= set(AGENT_ENV), "jobplan.AGENT_ENV names what the agent sets"
+        env.update(own)
         for name in ("ORCHESTRATE_HOOKS_PID", "RANK", "LOCAL_RANK"):  # set per rank by the hooks / torchrun only
             env.pop(name, None)
         env[TOKEN_VAR] = self.token
         env.update(secrets)
         return env
+
+    def container_env_names(self, secrets: dict[str, str]) -> list[str]:
+        """What a container gets passed in by name: the plan's env for this node, orchestrate's own, the secrets, and
+        the ORCHESTRATE_* switches of this process's environment (e.g. ORCHESTRATE_HOOKS=0)."""
+        names = set(self.node_env()) | set(AGENT_ENV) | set(secrets)
+        names |= {n for n in os.environ if n.startswith("ORCHESTRATE_") and n != TOKEN_VAR}
+        return sorted(names - {TOKEN_VAR})
+
+    def container_argv(self, inner: list[str], cwd: str | None, secrets: dict[str, str]) -> list[str]:
+        """`inner` (the launcher's argv, bound) in this job's container, built by the one builder (core.container)."""
+        import dataclasses
+        from orchestrator.core.container import Mount, node_argv
+        cp = self.plan.container
+        assert cp is not None
+        cp = dataclasses.replace(cp, mounts=tuple(Mount(os.path.expanduser(m.host), m.path, m.mode) for m in cp.mounts))
+        staged_root = str(self.run_dir.parent.parent) if self.plan.node_package else ""  # WORKDIR: runs, cache, outputs
+        return node_argv(cp, inner, job_id=self.plan.job_id, node_rank=self.rank, run_dir=str(self.run_dir),
+                         package=str(PACKAGE_ROOT), cwd=cwd or os.getcwd(), token=self.token,
+                         env_names=self.container_env_names(secrets), roots=(staged_root,) if staged_root else ())
 
     # ---- network interface and GPUs of this node (docs/gpus.md): bound and checked before the launch starts
     def node_env(self) -> dict[str, str]:
@@ -169,6 +197,23 @@ class Agent:
             self.rd.mkdir(RunDir.STACKS)  # NCCL's flight recorder dumps there (TORCH_NCCL_DEBUG_INFO_TEMP_FILE)
         self._node_env = env
         return problem
+
+    def container_check(self) -> str | None:
+        """Inside a SLURM allocation nothing checked this node for the job's container before the start (local and SSH
+        jobs are checked by their launcher's pre-flight): the runtime, the image, the mounts, the stack in the image.
+        Records the image's id and digest (nodes/<R>/container.json). Returns the problem, or None."""
+        cp = self.plan.container
+        if cp is None or not cp.agent_side or self.plan.cluster_kind != "slurm":
+            return None
+        from orchestrator.node.containers import preflight
+        res = preflight(cp, self.plan.needed())
+        try:
+            self.rd.write_json(RunDir.node_rel(self.rank, "container.json"),
+                               {"runtime": cp.runtime, "image": cp.image,
+                                "hosts": {socket.gethostname(): {"image": res["image"], "versions": res["versions"]}}})
+        except OSError:
+            pass
+        return f"node {self.rank} ({socket.gethostname()}): " + "; ".join(res["problems"]) if res["problems"] else None
 
     def refuse(self, problem: str) -> int:
         """The node cannot run as planned: say why (one `PreflightError:` line, the supervisor's root cause), record
@@ -215,15 +260,28 @@ class Agent:
         if recipe.exists() and RUN_DIR_VAR in (text := recipe.read_text()):  # staged paths (docs/staging.md)
             self.rd.write_text(RunDir.RECIPE, text.replace(RUN_DIR_VAR, str(self.run_dir)))
         cwd = self.rd.bind([self.plan.rank_cwd])[0] if self.plan.rank_cwd else None
+        env = self.environment(secrets)
+        container = ""
+        cp = self.plan.container
+        if cp is not None and cp.agent_side:
+            from orchestrator.core.container import DAEMON_RUNTIMES, TOKEN_ON_LINE, container_name
+            from orchestrator.node.containers import remove
+            argv = self.container_argv(list(argv), cwd, secrets)
+            if cp.runtime in TOKEN_ON_LINE:  # only the container's processes carry it, not the runtime's client
+                env.pop(TOKEN_VAR)
+            container = container_name(self.plan.job_id, self.rank) if cp.runtime in DAEMON_RUNTIMES else ""
+            if container:
+                remove(cp.runtime, self.plan.job_id, self.rank)  # an earlier attempt's, if anything is left of it
         # SLURM signals every process of a step; torchrun has no USR2 handler and would die of it, orphaning
         # the ranks. Ignored dispositions survive exec, so the launcher ignores USR2 and each rank's own
         # handler (the recipes' save-on-signal) replaces the ignore in the ranks.
-        self.proc = subprocess.Popen(argv, env=self.environment(secrets), start_new_session=True, cwd=cwd,
+        self.proc = subprocess.Popen(argv, env=env, start_new_session=True, cwd=cwd if not container else None,
                                      stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
         self.rd.write_agent(AgentRecord(
             node_rank=self.rank, host=socket.gethostname(), agent_pid=os.getpid(), agent_pgid=os.getpgrp(),
             pid=self.proc.pid, pgid=self.proc.pid, main_ip=self.main_ip, started=time.time(),
-            agent_proc_start=process_start_time(), proc_start=process_start_time(self.proc.pid), token=self.token))
+            agent_proc_start=process_start_time(), proc_start=process_start_time(self.proc.pid), token=self.token,
+            container=container, runtime=cp.runtime if cp is not None else ""))
         if self.stopping.is_set():  # a signal raced the start
             self.stopping.clear()
             self.stop(self.stop_reason or "stopped during start")
@@ -364,6 +422,12 @@ class Agent:
         # Nothing of the job may outlive the launch: stragglers of the group and every marked process.
         kill_group(self.proc.pid, grace=min(self.grace, 2.0))
         kill_marked(self.token, grace=min(self.grace, 2.0))
+        cp = self.plan.container
+        if cp is not None and cp.runtime in ("podman", "docker"):  # its monitor removes it (--rm); if not, we do
+            from orchestrator.node.containers import remove
+            why = remove(cp.runtime, self.plan.job_id, self.rank)
+            if why:
+                os.write(2, f"orchestrate node agent: could not remove container of node {self.rank}: {why}\n".encode())
         hb = getattr(self, "_hb_thread", None)
         if hb is not None:
             hb.join(timeout=2)
@@ -490,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(run_dir, plan, rank, main_ip, grace=args.grace)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, lambda s, _f: agent.forward(s))
-    problem = agent.node_checks()  # network interface, InfiniBand HCAs, GPUs of this node (docs/gpus.md)
+    problem = agent.node_checks() or agent.container_check()  # network, GPUs (docs/gpus.md), the container
     if problem:
         return agent.refuse(problem)
     if not agent.start(secrets):

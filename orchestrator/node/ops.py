@@ -77,6 +77,9 @@ def kill_node(run_dir: RunDir | Path, rank: int | None, grace: float) -> int:
             kill_marked(info.token, grace=grace)
         for g in info.groups():
             signal_group(g, signal.SIGKILL)
+        if info.container:  # a podman/docker container outlives its client: by name (core.container)
+            from orchestrator.node.containers import remove_named
+            remove_named(info.runtime, info.container)
     return 0
 
 

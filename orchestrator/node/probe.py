@@ -28,17 +28,27 @@ def probe_spec(spec: dict[str, Any]) -> dict[str, Any]:
     "gpus"}."""
     return probe(str(spec.get("workdir", ".")), int(spec.get("port", 0)), str(spec.get("check", "")),
                  ifname=spec.get("ifname") or None, main=spec.get("main") or None, ib_hca=spec.get("ib_hca") or None,
-                 gpus=bool(spec.get("gpus")))
+                 gpus=bool(spec.get("gpus")), container=spec.get("container") or None,
+                 needed=tuple(spec.get("needed") or ()))
 
 
 def probe(workdir: str, port: int = 0, check_file: str = "", *, ifname: str | None = None, main: str | None = None,
-          ib_hca: str | None = None, gpus: bool = False) -> dict[str, Any]:
+          ib_hca: str | None = None, gpus: bool = False, container: dict[str, Any] | None = None,
+          needed: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`container`: the plan's container (core.container.ContainerPlan as a dict): the stack is checked in its image
+    (orchestrator.node.containers.preflight, result under "container"), not in this python."""
     r: dict[str, Any] = {"python": sys.executable, "version": sys.version.split()[0], "problems": []}
-    try:
-        if importlib.util.find_spec("accelerate") is None:
-            raise ImportError("not installed")
-    except Exception as e:  # noqa: BLE001 - a broken install raises anything
-        r["problems"].append(f"remote python {sys.executable} cannot import accelerate ({e})")
+    if container is not None:
+        from orchestrator.core.container import ContainerPlan
+        from orchestrator.node.containers import preflight
+        r["container"] = preflight(ContainerPlan.from_dict(container), needed)
+        r["problems"].extend(r["container"]["problems"])
+    else:
+        try:
+            if importlib.util.find_spec("accelerate") is None:
+                raise ImportError("not installed")
+        except Exception as e:  # noqa: BLE001 - a broken install raises anything
+            r["problems"].append(f"remote python {sys.executable} cannot import accelerate ({e})")
     try:
         wd = os.path.realpath(os.path.expanduser(workdir))
         os.makedirs(wd, mode=0o700, exist_ok=True)

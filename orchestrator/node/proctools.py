@@ -17,6 +17,8 @@ import subprocess
 import threading
 import time
 
+from orchestrator.core.container import TOKEN_VAR  # (the one definition; containers pass it in by name)
+
 
 def _stat_fields(pid: int | str) -> list[str] | None:
     """/proc/PID/stat from field 3 (state) on (the command name, which may hold spaces and ")", cut off), or
@@ -147,9 +149,6 @@ def dump_stack(pid: int, timeout: float = 20.0) -> str:
         return r.stdout + r.stderr
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"no stack dump for pid {pid}: {e}"
-
-
-TOKEN_VAR = "ORCHESTRATE_JOB_TOKEN"
 
 
 def _environ(pid: int) -> list[bytes]:

@@ -64,6 +64,8 @@ class AgentRecord:
     agent_proc_start: float | None = None
     proc_start: float | None = None  # when the launch process started (its group's leader): pid reuse is told apart
     token: str = ""  # ORCHESTRATE_JOB_TOKEN of every process of the launch (ranks live in sessions of their own)
+    container: str = ""  # the name of the node's podman/docker container ("" without one): removed by teardown
+    runtime: str = ""  # the container runtime ("" without a container)
 
     def groups(self) -> list[int]:
         """The launch's and the agent's process groups, leaving out one whose id now belongs to an unrelated group

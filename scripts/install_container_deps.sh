@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Install what the container tests need: Debian's podman and runc, and (as a site admin would) the machine-wide
+# containers.conf that this kind of machine needs (../shared/TESTBED.md "Containers": runc + cgroupfs, because crun
+# refuses the kernel's hybrid cgroups; lower default ulimits, because the defaults exceed the hard limits here).
+# Idempotent: a second run only checks. Needs root (or sudo) for apt and /etc.
+set -euo pipefail
+
+want=(podman runc)
+missing=()
+for pkg in "${want[@]}"; do
+    if dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+        echo "present: $pkg"
+    else
+        missing+=("$pkg")
+    fi
+done
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; else
+        echo "install_container_deps: need root" >&2; exit 1; fi
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null | head -n 1)" ]; then
+        $SUDO apt-get update -q >/dev/null
+    fi
+    $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+conf=/etc/containers/containers.conf
+mark="# orchestrate test machine (scripts/install_container_deps.sh)"
+if [ ! -f "$conf" ]; then
+    $SUDO mkdir -p /etc/containers
+    $SUDO tee "$conf" >/dev/null <<CONF
+$mark: this kernel's hybrid cgroups need runc + cgroupfs,
+# and the default ulimits exceed the hard limits here.
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+CONF
+    echo "wrote $conf"
+elif ! grep -qF "$mark" "$conf"; then
+    echo "install_container_deps: $conf exists and is not ours: left as it is" >&2
+fi
+podman run --rm --help >/dev/null 2>&1 || { echo "install_container_deps: podman does not run" >&2; exit 1; }
+echo "install_container_deps: done"
