@@ -1,7 +1,8 @@
 """The container test image and what the container suites check with podman (tests/containers, the fault suite's
 `podman` backend, the SLURM and private-host container tests).
 
-    test_image()                  -> "localhost/orchestrate-test:<key>", built once per stack (scripts/container_image.py)
+    test_image()                  -> "localhost/orchestrate-test:<key>", built once per stack
+                                     (scripts/container_image.py)
     containers_of(job_id)         -> names of the containers (any state) that carry the job's label
     in_image(pid)                 -> the process runs inside the test image (its root holds the image's marker file)
     container_cluster(path, **kw) -> a local cluster file that runs jobs in the test image
