@@ -36,3 +36,11 @@ def fault_slurm():
     sys.path.insert(0, str(REPO / "tests" / "slurm"))
     from slurm_helpers import cluster_session
     yield from cluster_session()
+
+
+@pytest.fixture(scope="session")
+def fault_image():
+    """The container test image (tests/container_image.py): the `podman` backend of the fault suite."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from podman_testbed import test_image
+    return test_image()

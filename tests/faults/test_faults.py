@@ -64,6 +64,12 @@ def _prepared(backend: str, tmp: Path, request):
         cluster_file = tmp / "ssh.yaml"
         import yaml
         cluster_file.write_text(yaml.safe_dump(tb.cluster("faultlab")))
+    elif backend == "podman":  # local nodes, the ranks in the test image (tests/container_image.py)
+        from podman_testbed import container_cluster
+        runs = Path(os.environ["ORCHESTRATE_HOME"]) / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        cluster_file = container_cluster(tmp / "podman.yaml", request.getfixturevalue("fault_image"),
+                                         mounts=[f"{REPO}:{REPO}:ro", f"{runs}:{runs}"])
     elif backend == "slurm":
         request.getfixturevalue("fault_slurm")
         from slurm_helpers import WORK
@@ -102,7 +108,7 @@ def inject_and_judge(fault: str, victim: int, job, rd: RunDir, job_guard, hosts:
 
 @pytest.mark.health
 @pytest.mark.parametrize("fault", sorted(EXPECTED))
-@pytest.mark.parametrize("backend", ["local", "ssh", "slurm"])
+@pytest.mark.parametrize("backend", ["local", "ssh", "slurm", "podman"])
 def test_same_fault_same_verdict_on_every_backend(backend, fault, tmp_path, request, job_guard):
     prep, out = _prepared(backend, tmp_path, request)
     mode = "exit:1:3" if fault == "exit3" else "loop"
@@ -117,6 +123,10 @@ def test_same_fault_same_verdict_on_every_backend(backend, fault, tmp_path, requ
     job = jobrun.start(launcher, plan, rd.root)
     wait_until(lambda: (out / "pid1").exists() and rd.furthest_step() and rd.furthest_step() >= 3, 180, 0.1,
                f"{backend}: both ranks stepping")
+    if backend == "podman":  # both ranks run in the image (its marker under their root), their agents outside it
+        from podman_testbed import in_image
+        assert all(in_image(int((out / f"pid{r}").read_text())) for r in (0, 1))
+        assert not any(in_image(a.agent_pid) for a in rd.agents().values())
     res, took, tokens = inject_and_judge(fault, int((out / "pid1").read_text()), job, rd, job_guard,
                                          [n.host for n in plan.node_plans], f"{backend}/{fault}", t0)
     gone = wait_gone(lambda: [p for t in tokens if t for p in marked(t)], 20)
@@ -124,6 +134,15 @@ def test_same_fault_same_verdict_on_every_backend(backend, fault, tmp_path, requ
     if fault == "sigkill":  # named, and every process of the job gone, within 1.5 s of the kill (measured 0.1-0.4 s;
         # SLURM 0.7-0.9 s: the supervisor there learns of the node's end from the run dir and the scheduler, polled)
         assert took + gone <= (2.5 if backend == "slurm" else 1.5), (took, gone)
+    if backend == "podman":  # no container left behind, whatever the fault (the last one gone within 1.5 s of a kill)
+        from podman_testbed import containers_of
+        t_left = time.monotonic()
+        wait_until(lambda: not containers_of(plan.job_id), 15, 0.02, f"podman/{fault}: the job's containers gone")
+        left = time.monotonic() - t_left
+        print(f"podman/{fault}: last container gone {took + gone + left:.2f}s after the fault")
+        assert not containers_of(plan.job_id)
+        if fault == "sigkill":
+            assert took + gone + left <= 1.5, (took, gone, left)
     roots = [rd.root] + ([Path(request.getfixturevalue("fault_sshd").dir) / "work"] if backend == "ssh" else [])
     loose = [f"{p} {oct(p.stat().st_mode & 0o777)}" for root in roots for p in [root, *root.rglob("*")]
              if p.exists() and not p.is_symlink() and p.stat().st_mode & 0o077]
