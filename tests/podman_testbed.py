@@ -1,5 +1,5 @@
-"""The container test image (built by scripts/container_image.py) and what the container suites check with podman (tests/containers, the fault suite's
-`podman` backend, the SLURM and private-host container tests).
+"""The container test image (built by scripts/container_image.py) and what the container suites check with podman
+(tests/containers, the fault suite's `podman` backend, the SLURM and private-host container tests).
 
     test_image()                  -> "localhost/orchestrate-test:<key>", built once per stack
                                      (scripts/container_image.py)
