@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Annotated, Any, Callable
 
 from orchestrator.core.health import HealthSpec
-from orchestrator.core.schema import (Check, EnvMap, GpuIds, Hosts, IfName, Internal, NameList, Port, PosInt, Prefixes,
-                                      Procs, RunArgs, StrOrList, arg_text, build, check_value, duplicate_hosts,
-                                      expand_host_entry, from_plain, is_secret_name, one_of, rules, suggest, to_plain)
+from orchestrator.core.schema import (Argv, Check, EnvMap, EnvName, GpuIds, Hosts, IfName, Internal, NameList, Port,
+                                      PosInt, Prefixes, Procs, RunArgs, StrOrList, Url, arg_text, build, check_value,
+                                      duplicate_hosts, expand_host_entry, from_plain, is_secret_name, mask_url, one_of,
+                                      rules, suggest, to_plain)
 from orchestrator.errors import ConfigError, Problem
 
 _DOT_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)*$")
@@ -91,6 +92,67 @@ class LaunchSpec:
     env_passthrough: Prefixes = ()  # the submitter's variables with these prefixes go to every rank (NCCL_, FI_, ...)
 
 
+# What a `notify:` block can subscribe to (docs/CONTRACT.md "Notifications"). A subscription also covers the
+# narrower events listed here: `failed` every FAILED end (a hang's end is sent as `hung`), `restarted` every restart
+# (a SLURM requeue is sent as `preempted`).
+NOTIFY_EVENTS = ("started", "restarted", "preempted", "hung", "failed", "completed", "cancelled")
+NOTIFY_COVERS = {"failed": ("hung",), "restarted": ("preempted",)}
+
+
+@dataclass(frozen=True)
+class NotifySpec:
+    """`notify:` (in a job file, or a cluster file for every job on it: the job's keys win) - the submit host tells
+    someone when a job ends or restarts: it runs `command` (a list of words, or a string split into words; no shell)
+    with the event's JSON on stdin, and/or POSTs the same JSON to `webhook` (or to the URL held by the submit
+    environment's variable `webhook_env`, so that it is in no file). Delivery never changes the job's state."""
+
+    on: Annotated[tuple[str, ...], Check("choice_list", NOTIFY_EVENTS)] = ("failed", "completed")
+    command: Argv | None = None
+    webhook: Url | None = None
+    webhook_env: EnvName | None = None
+    timeout_s: float = 10
+
+    def wants(self, event: str) -> bool:
+        return any(event == s or event in NOTIFY_COVERS.get(s, ()) for s in self.on)
+
+
+NOTIFY_ABSENT: Any = object()  # merge_notify's `given` for a job file without a notify: key
+
+
+def merge_notify(base: NotifySpec | None, job: NotifySpec | None, given: Any = NOTIFY_ABSENT) -> NotifySpec | None:
+    """The notify block a job gets: the cluster's (`base`) with the keys the job's block gives put over it (`given`:
+    the job's `notify:` as written); webhook and webhook_env are one destination (either given replaces both). A
+    job's `notify: null` or `notify: {on: []}` turns the cluster's off."""
+    if given is NOTIFY_ABSENT:
+        return base
+    if base is None or job is None or not isinstance(given, dict):
+        return job
+    keys = {"on" if k is True else k for k in given}  # (YAML 1.1 reads a bare `on:` key as true)
+    keys |= {"webhook", "webhook_env"} if {"webhook", "webhook_env"} & keys else set()
+    return replace(base, **{k: getattr(job, k) for k in keys if k in NotifySpec.__dataclass_fields__})
+
+
+def notify_problems(spec: NotifySpec | None, where: str = "notify", merged: bool = False) -> list[Problem]:
+    """What a notify block may not say: both webhook and webhook_env (in one file); once merged, subscriptions with
+    nothing to deliver them."""
+    if spec is None:
+        return []
+    if not merged and spec.webhook and spec.webhook_env:
+        return [Problem(where, "give webhook or webhook_env, not both")]
+    if merged and spec.on and not (spec.command or spec.webhook or spec.webhook_env):
+        return [Problem(where, "nothing to deliver: give command, webhook or webhook_env (or on: [] for none)")]
+    return []
+
+
+def _masked(d: dict[str, Any]) -> dict[str, Any]:
+    """A spec's plain data as it may be written to a file: no `notify` key when there is none, its webhook masked."""
+    if d.get("notify") is None:
+        d.pop("notify", None)
+    elif d["notify"].get("webhook"):
+        d["notify"]["webhook"] = mask_url(d["notify"]["webhook"])
+    return d
+
+
 @dataclass(frozen=True)
 class RecipeSpec:
     recipe: Annotated[str, one_of("sft", "dpo", "cp")]
@@ -102,6 +164,7 @@ class RecipeSpec:
     outputs: OutputsSpec = field(default_factory=OutputsSpec)
     launch: LaunchSpec = field(default_factory=LaunchSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
+    notify: NotifySpec | None = None
     source: Internal = "<recipe>"
 
     @property
@@ -110,7 +173,7 @@ class RecipeSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe, as written to RUN_DIR/recipe.yaml (plain data, no secrets)."""
-        return to_plain(self, exclude=("source",))
+        return _masked(to_plain(self, exclude=("source",)))
 
 
 @dataclass(frozen=True)
@@ -227,6 +290,7 @@ class RunJobSpec:
     outputs: OutputsSpec = field(default_factory=OutputsSpec)
     launch: LaunchSpec = field(default_factory=LaunchSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
+    notify: NotifySpec | None = None
     source: Internal = "<recipe>"
     output_dir: Internal = ""  # set by the caller's path resolution: `--output_dir` of the args, or the default
 
@@ -236,7 +300,7 @@ class RunJobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved job, as written to RUN_DIR/recipe.yaml (plain data, no secrets)."""
-        d = to_plain(self, exclude=("source", "output_dir"))
+        d = _masked(to_plain(self, exclude=("source", "output_dir")))
         d["run"] = {k: v for k, v in d["run"].items() if v is not None}
         return d
 
@@ -298,6 +362,7 @@ class ClusterSpec:
     env: EnvMap = field(default_factory=dict)
     ssh: SSHSpec | None = None
     slurm: SlurmSpec | None = None
+    notify: NotifySpec | None = None  # for every job on this cluster; a job's own notify: keys win (merge_notify)
     source: Internal = "<builtin local>"
 
 
@@ -588,6 +653,7 @@ def parse_run_job(data: dict[str, Any], source: str = "<recipe>", trainer_fields
         fields = trainer_fields(fields_key(run)) if trainer_fields is not None else None
         kinds = dict.fromkeys(fields, "any") if fields is not None and not isinstance(fields, Mapping) else fields
         problems.extend(check_run(run, kinds, trl_commands))
+    problems.extend(notify_problems(spec.notify) if spec is not None else [])
     if problems:
         raise ConfigError(problems, source=source)
     assert spec is not None
@@ -616,6 +682,7 @@ def parse_recipe(data: dict[str, Any], source: str = "<recipe>",
             fields = dict.fromkeys(fields, "any")
         trainer, trainer_problems = check_trainer(trainer, kind or "", fields)
         problems.extend(trainer_problems)
+    problems.extend(notify_problems(spec.notify) if spec is not None else [])
     if problems:
         raise ConfigError(problems, source=source)
     return replace(spec, trainer=trainer or {}, source=source)
@@ -633,6 +700,7 @@ def parse_cluster(data: dict[str, Any], source: str = "<cluster>") -> ClusterSpe
         problems.append(Problem("ssh.hosts", "missing: give ssh.hosts (list or 'gpu[01-04]') or ssh.hostfile"))
     if spec is not None and spec.ssh is not None:
         problems.extend(duplicate_hosts(spec.ssh.hosts, "ssh.hosts"))
+    problems.extend(notify_problems(spec.notify) if spec is not None else [])
     if problems:
         raise ConfigError(problems, source=source)
     name = raw.get("name") or (Path(source).stem if source.endswith((".yaml", ".yml")) else kind)
@@ -729,6 +797,12 @@ def load(recipe_path: str, cluster_path: str | None = None, flags: dict[str, Any
             cluster = with_hosts(cluster, parse_hostfile(hf.read_text(), str(hf)))
     except ConfigError as e:
         errors.append(e)
+    if recipe is not None and cluster is not None:  # the job's notify keys over the cluster's
+        notify = merge_notify(cluster.notify, recipe.notify, recipe_dict.get("notify", NOTIFY_ABSENT))
+        bad = notify_problems(notify, merged=True)
+        if bad:
+            errors.append(ConfigError(bad, source=recipe_path))
+        recipe = replace(recipe, notify=notify)
     if errors:
         if len(errors) == 1:
             raise errors[0]
@@ -738,7 +812,8 @@ def load(recipe_path: str, cluster_path: str | None = None, flags: dict[str, Any
 
 
 def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
-    return to_plain(cluster)
+    """The cluster as RUN_DIR/cluster.json holds it (a notify webhook masked)."""
+    return _masked(to_plain(cluster))
 
 
 def cluster_from_dict(d: dict[str, Any]) -> ClusterSpec:
