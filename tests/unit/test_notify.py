@@ -6,18 +6,17 @@ tests/local_backend/test_notify_jobs.py."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from helpers import WebhookServer
 from orchestrator.core.schema import mask_url
 from orchestrator.core.spec import NotifySpec, load
 from orchestrator.errors import ConfigError
@@ -29,33 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 TOKEN = "s3cr3t-T0KEN-xyz"
 
 
-class Hook:
-    """A real HTTP server on 127.0.0.1 that records every POST (path, headers, JSON body); `status` is its answer."""
-
+class Hook(WebhookServer):
     def __init__(self, status: int = 200, delay: float = 0.0):
-        self.posts: list[dict] = []
-        self.status, self.delay = status, delay
-        hook = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                time.sleep(hook.delay)
-                hook.posts.append({"path": self.path, "type": self.headers.get("Content-Type"),
-                                   "json": json.loads(body)})
-                self.send_response(hook.status)
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/T000/{TOKEN}?token={TOKEN}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(status, delay, path=f"/hooks/T000/{TOKEN}?token={TOKEN}")
 
 
 @pytest.fixture
