@@ -605,9 +605,9 @@ def status(job: str):
 RECONCILE_THREADS = 8
 
 
-def jobs(limit: int = 20) -> list:
-    """The latest `limit` records, each reconciled. The backends of the jobs nobody supervises are asked at once (up
-    to RECONCILE_THREADS at a time): hosts that do not answer cost one connect timeout, not one each."""
+def jobs(limit: int | None = 20) -> list:
+    """The latest `limit` records (None: all), each reconciled. The backends of the jobs nobody supervises are asked at
+    once (up to RECONCILE_THREADS at a time): hosts that do not answer cost one connect timeout, not one each."""
     from concurrent.futures import ThreadPoolExecutor
     from orchestrator.store import JobStore
     recs = JobStore().list(limit)

@@ -2,9 +2,9 @@
 
 Which jobs: those of this store whose record is terminal (each asked of its backend first, `api.reconcile`, so a job
 recorded as running whose supervisor died counts as what it really is), whose supervisor is gone, and that ended
-more than `older_than` seconds ago (their record's last update); `keep_failed` keeps the FAILED ones; `jobs` limits
-it to those ids (unique prefixes accepted). Every other job is left alone; the ones not finished, still supervised,
-kept as FAILED, or that could not be cleaned everywhere are listed under `kept` with why.
+more than `older_than` seconds ago (their record's last update before this gc asked); `keep_failed` keeps the FAILED
+ones; `jobs` limits it to those ids (unique prefixes accepted). Every other job is left alone; the ones not finished,
+still supervised, kept as FAILED, or that could not be cleaned everywhere are listed under `kept` with why.
 
 What goes, per job: its run dir (ORCHESTRATE_HOME/runs/<job>, or slurm.workdir/runs/<job> on the shared filesystem),
 its detached supervisor's log, and last its store record. For an SSH job without a shared filesystem, first each
@@ -14,7 +14,8 @@ dirs only with `outputs` (the local one, and on SSH hosts WORKDIR/outputs/<key>)
 store (or, on a host, no other run dir) uses the same one. A job whose hosts could not all be cleaned keeps its run
 dir and record (they say where its hosts are), so the next gc finishes it.
 
-`dry_run` computes and returns exactly the same items and removes nothing. Every item: job, where (`local` or the
+`dry_run` computes and returns exactly the same items and removes nothing; `local_only` asks no host (for hosts gone
+for good: what they hold for those jobs stays there). Every item: job, where (`local` or the
 host), what, path, bytes.
 """
 
@@ -101,21 +102,24 @@ def select(older_than_s: float, keep_failed: bool, jobs: tuple[str, ...] = (),
             recs.append(rec)
     else:
         recs = store.list(None)
-    chosen, kept, newer = [], {}, 0
-    now = time.time()
+    last_news = {r.id: r.updated for r in recs}  # (a job reconciled now ended when it was last heard of)
     unsure = [r for r in recs if not is_terminal(r.state)]
     if unsure and progress:
         progress(f"asking the backends of {len(unsure)} unfinished job(s) how they stand")
+    if jobs:
+        recs = [api.reconcile(r)[0] for r in recs]
+    else:
+        recs = api.jobs(None) if unsure else recs  # (every record, the unfinished ones asked at once)
+    chosen, kept, newer = [], {}, 0
+    now = time.time()
     for rec in recs:
-        if not is_terminal(rec.state):
-            rec, _ = api.reconcile(rec)
         if not is_terminal(rec.state):
             kept[rec.id] = f"not finished ({rec.state})"
         elif live_supervisor(rec.id) is not None:
             kept[rec.id] = "its supervisor still runs"
         elif keep_failed and rec.state == JobState.FAILED.value:
             kept[rec.id] = "FAILED (--keep-failed)"
-        elif now - rec.updated < older_than_s:
+        elif now - last_news.get(rec.id, rec.updated) < older_than_s:
             newer += 1
         else:
             chosen.append(rec)
@@ -135,11 +139,9 @@ def ssh_places(rec) -> tuple[Any, list[tuple[str, str]]]:
     """(the job's ssh block, [(host, its workdir)]) for an SSH job whose hosts hold a run dir of their own (no
     shared filesystem); (None, []) for every other job. From the run dir: cluster.json, handle.json, staged.json."""
     from orchestrator.core.spec import cluster_from_dict
-    if rec.backend != "ssh":
-        return None, []
     rd = RunDir(rec.run_dir)
     cluster = _read_json(rd.path(RunDir.CLUSTER))
-    if not isinstance(cluster, dict):
+    if not isinstance(cluster, dict) or cluster.get("kind") != "ssh":
         return None, []
     spec = cluster_from_dict(cluster)
     if spec.ssh is None or spec.ssh.shared_fs:
@@ -241,8 +243,9 @@ def _ask_group(ssh: Any, hosts: dict[str, dict[str, list[str]]], req: dict[str, 
 # ------------------------------------------------------------------------------------------- gc
 
 def gc(older_than_s: float, keep_failed: bool = False, jobs: tuple[str, ...] = (), outputs: bool = False,
-       dry_run: bool = False, progress: Callable[[str], None] | None = None) -> Report:
-    """Select, then remove (see the module docstring). Returns what was (or, `dry_run`, would be) freed."""
+       dry_run: bool = False, local_only: bool = False, progress: Callable[[str], None] | None = None) -> Report:
+    """Select, then remove (see the module docstring). Returns what was (or, `dry_run`, would be) freed.
+    `local_only`: no SSH host is asked (hosts that are gone for good): what they hold for those jobs stays there."""
     from orchestrator.detach import live_supervisor
     from orchestrator.store import JobStore, home
     chosen, kept, newer = select(older_than_s, keep_failed, jobs, progress)
@@ -251,10 +254,8 @@ def gc(older_than_s: float, keep_failed: bool = False, jobs: tuple[str, ...] = (
         return report
     # the hosts first: a job whose hosts could not all be cleaned keeps what says where they are
     groups: dict[Any, dict[str, dict[str, list[str]]]] = {}
-    places = {}
     for rec in chosen:
-        ssh, where = ssh_places(rec)
-        places[rec.id] = where
+        ssh, where = ssh_places(rec) if not local_only else (None, [])
         for host, wd in where:
             groups.setdefault(ssh, {}).setdefault(host, {}).setdefault(wd, []).append(rec.id)
     if groups and progress:

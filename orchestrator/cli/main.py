@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--outputs", action="store_true", help="also the jobs' output dirs (checkpoints!) that no kept job "
                                                           "uses")
     g.add_argument("--dry-run", "-n", action="store_true", help="print what would be freed, remove nothing")
+    g.add_argument("--local-only", action="store_true", help="ask no SSH host (hosts gone for good): only this "
+                                                             "machine's run dirs and records go")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     return ap
 
@@ -407,7 +409,7 @@ def cmd_gc(args) -> int:
         print(f"gc: {msg}", file=sys.stderr, flush=True)
 
     report = gc(age, keep_failed=args.keep_failed, jobs=tuple(args.jobs), outputs=args.outputs,
-                dry_run=args.dry_run, progress=progress)
+                dry_run=args.dry_run, local_only=args.local_only, progress=progress)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
     else:

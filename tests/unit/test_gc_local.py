@@ -27,7 +27,8 @@ def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=120, env={**os.environ, "ORCHESTRATE_HOME": str(home)})
 
 
-def _job(home: Path, job: str, state: str, age_s: float = 0.0, output_dir: Path | None = None) -> Path:
+def _job(home: Path, job: str, state: str, age_s: float = 0.0, output_dir: Path | None = None,
+         backend: str = "local") -> Path:
     """A job record (create + update through JobStore) with a run dir of a few files, `age_s` old."""
     store = JobStore(home / "jobs.db")
     run = home / "runs" / job
@@ -35,7 +36,7 @@ def _job(home: Path, job: str, state: str, age_s: float = 0.0, output_dir: Path 
     (run / "logs" / "node0.log").write_text("line\n" * 200)
     (run / "plan.json").write_text(json.dumps({"job_id": job, "output_dir": str(output_dir or home / "none")}))
     (run / "cluster.json").write_text(json.dumps({"kind": "local", "name": "local"}))
-    store.create(job_id=job, recipe="job.yaml", recipe_digest="d", cluster="local", backend="local", nodes=1,
+    store.create(job_id=job, recipe="job.yaml", recipe_digest="d", cluster="local", backend=backend, nodes=1,
                  world_size=1, run_dir=str(run))
     store.update(job, state, exit_code=0 if state == "COMPLETED" else 1)
     with sqlite3.connect(home / "jobs.db") as c:
@@ -140,3 +141,35 @@ def test_a_record_naming_a_dir_that_is_not_its_run_dir_never_has_it_removed(tmp_
     p = _cli(home, "odd", "--json")
     assert p.returncode == 0 and (precious / "keep.txt").is_file(), p.stdout
     assert json.loads(p.stdout)["items"] == [] and store.get("odd") is None  # the record goes, the dir stays
+
+
+def test_a_job_recorded_running_whose_supervisor_died_long_ago_is_asked_and_removed(tmp_path):
+    """A record left RUNNING by a supervisor that died 2 days ago: its backend is asked (nothing of it runs), the end
+    is recorded, and its age is that of its last news, not of this gc."""
+    home = tmp_path / "home"
+    golden = Path(__file__).resolve().parents[1] / "golden" / "local_multi_gpu_cpu"
+    plan = json.loads((golden / "plan.json").read_text())
+    run = _job(home, "stale", "RUNNING", 2 * DAY)
+    (run / "plan.json").write_text(json.dumps(dict(plan, job_id="stale", run_dir=str(run))))
+    p = _cli(home, "--older-than", "1d", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["jobs"] == ["stale"] and not run.exists(), p.stdout
+
+
+def test_an_ssh_job_whose_host_cannot_be_reached_keeps_its_record_unless_local_only(tmp_path):
+    home = tmp_path / "home"
+    key, known = tmp_path / "id_ed25519", tmp_path / "known_hosts"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    known.write_text("")
+    run = _job(home, "far", "COMPLETED", 2 * DAY, backend="ssh")
+    (run / "cluster.json").write_text(json.dumps({"kind": "ssh", "name": "lab", "ssh": {
+        "hosts": ["127.0.0.1"], "port": 1, "key": str(key), "known_hosts": str(known), "connect_timeout": 2}}))
+    (run / "handle.json").write_text(json.dumps({"uri": "ssh://far", "data": {"nodes": [
+        {"rank": 0, "host": "127.0.0.1", "run_dir": "/var/tmp/w/runs/far"}]}}))
+    p = _cli(home, "--older-than", "1d", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["jobs"] == [] and out["items"] == [] and "127.0.0.1: " in out["kept"]["far"], out
+    assert "run gc again" in out["kept"]["far"] and run.is_dir()
+    p = _cli(home, "--older-than", "1d", "--local-only", "--json")
+    assert json.loads(p.stdout)["jobs"] == ["far"] and not run.exists(), p.stdout
