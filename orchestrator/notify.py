@@ -65,7 +65,7 @@ class Notifier:
         self.max_steps: int | None = None
         self.loss: float | None = None
         self._seen = len(rd.attempts())  # records of earlier runs of this job are not news
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._queue: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
@@ -89,17 +89,18 @@ class Notifier:
     def attempts(self) -> None:
         """The restart decisions written to restarts.jsonl since the last look: `restarted` (the submitter's
         RestartPolicy) or `preempted` (a requeue inside a SLURM allocation: its RestartPolicy, or SLURM itself)."""
-        with self._lock:
+        with self._lock:  # (the watcher and the api's thread both look: each record is sent once, in order)
             records = self.rd.attempts()
             new, self._seen = records[self._seen:], len(records)
-            restarts = sum(1 for a in records if a.decision == "restart")
-        for a in new:
-            if a.decision != "restart":
-                continue
-            self.send("restarted" if a.by == "supervisor" else "preempted", state=JobState.RESTARTING.value,
-                      reason=a.reason, attempt=a.attempt + 1, restarts=restarts,
-                      step=a.step if a.step is not None else self.step, by=a.by,
-                      **({"slurm_job_id": a.slurm_job_id} if a.slurm_job_id else {}))
+            restarts = sum(1 for a in records[:len(records) - len(new)] if a.decision == "restart")
+            for a in new:
+                if a.decision != "restart":
+                    continue
+                restarts += 1  # (as of this record)
+                self.send("restarted" if a.by == "supervisor" else "preempted", state=JobState.RESTARTING.value,
+                          reason=a.reason, attempt=a.attempt + 1, restarts=restarts,
+                          step=a.step if a.step is not None else self.step, by=a.by,
+                          **({"slurm_job_id": a.slurm_job_id} if a.slurm_job_id else {}))
 
     def watch(self, interval: float = WATCH_S) -> None:
         """Read restarts.jsonl every `interval` s while the job runs (until `close`)."""

@@ -198,6 +198,7 @@ def test_restart_records_become_restarted_and_preempted_events(tmp_path, hook):
     got = [(p["json"]["event"], p["json"].get("attempt"), p["json"]["step"]) for p in hook.posts]
     assert got == [("preempted", 1, 40), ("restarted", 2, 55), ("completed", None, None)], got
     assert hook.posts[0]["json"]["slurm_job_id"] == "77" and hook.posts[0]["json"]["state"] == "RESTARTING"
+    assert [p["json"]["restarts"] for p in hook.posts[:2]] == [1, 2]
     assert hook.posts[2]["json"]["restarts"] == 2
 
 
