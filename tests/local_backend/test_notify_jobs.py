@@ -106,3 +106,25 @@ def test_a_detached_supervisor_notifies_from_the_cluster_files_block(tmp_path, h
     cluster_json = json.loads((home / "runs" / job_id / "cluster.json").read_text())
     assert cluster_json["notify"]["webhook"] == "http://127.0.0.1:" + hook.url.split(":")[2].split("/")[0] + "/***?***"
     assert not _leaks(home, p.stdout, p.stderr)
+
+
+def test_a_restart_is_notified_before_the_end(tmp_path, hook, job_guard):
+    """health.max_restarts: 1 and a script that fails its first attempt: `restarted` (why, which attempt), then
+    `completed` counting that restart."""
+    home = tmp_path / "home"
+    job_guard.home(home)
+    script = tmp_path / "once.py"
+    marker = tmp_path / "failed-once"
+    script.write_text(f"import os, sys\nif not os.path.exists({str(marker)!r}):\n    open({str(marker)!r}, 'w')"
+                      ".close()\n    sys.exit(4)\nprint('second attempt ok')\n")
+    job = tmp_path / "once.yaml"
+    job.write_text(yaml.safe_dump({"run": {"script": str(script)}, "health": {"max_restarts": 1},
+                                   "notify": {"on": ["restarted", "completed"], "webhook": hook.url}}))
+    p = cli("submit", job, env={"ORCHESTRATE_HOME": home}, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert hook.events() == ["restarted", "completed"], hook.posts
+    restarted, completed = (x["json"] for x in hook.posts)
+    assert (restarted["state"], restarted["attempt"], restarted["restarts"], restarted["by"]) == (
+        "RESTARTING", 1, 1, "supervisor"), restarted
+    assert "code 4" in restarted["reason"], restarted
+    assert (completed["state"], completed["restarts"]) == ("COMPLETED", 1), completed
