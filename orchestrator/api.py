@@ -305,6 +305,19 @@ def resolve_paths(recipe, cwd: Path):
                    data=replace(recipe.data, path=tuple(data_paths)))
 
 
+def _check_notify_env(recipe) -> None:
+    """notify.webhook_env must name a variable of the submit environment that holds an http(s) URL (never shown)."""
+    from orchestrator.core.schema import check_value
+    name = recipe.notify.webhook_env if getattr(recipe, "notify", None) is not None else None
+    if not name or not recipe.notify.on:
+        return
+    value = os.environ.get(name, "")
+    msg = f"{name} is not set in the submit environment" if not value else None
+    bad = check_value("url", value) if value else None
+    if msg or bad:
+        raise ConfigError(Problem("notify.webhook_env", msg or f"${name}: {bad}"), source=recipe.source)
+
+
 def _builtin_models() -> dict[str, dict]:
     from orchestrator.core.models import BUILTIN_MODELS
     return BUILTIN_MODELS
@@ -394,6 +407,7 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
                            trainer_fields=trainer_fields if check_trainer else None, trl_commands=trl_commands)
     recipe = resolve_paths(recipe, cwd)
     _check_container_files(recipe, cluster)
+    _check_notify_env(recipe)
     recipe, notes = apply_plan_defaults(recipe)
     profile_name, profile_cfg = load_profile(recipe, cwd)
     job_id = job_id or new_job_id(recipe)
@@ -498,6 +512,14 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
                  world_size=plan.world_size, run_dir=str(rd.root))
     sup = supervisor or Supervisor(plan)
     sup.on_line, sup.on_beat = on_line or sup.on_line, on_beat or sup.on_beat
+    notifier = _notifier(prepared, rd, sup, on_event)
+
+    def emit(kind: str, data: dict) -> None:
+        if notifier is not None and kind == "running" and data.get("attempt") == 0:
+            notifier.started(data.get("handle", ""))
+        if on_event:
+            on_event(kind, data)
+
     policy = RestartPolicy(plan.health.max_restarts)
     launcher = launcher_for(prepared.cluster)
     attempt = 0
@@ -506,7 +528,7 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
             if sup.cancel.is_set():  # cancelled between attempts (or before the first started)
                 result = JobResult(JobState.CANCELLED, 130, sup.cancel_reason)
                 break
-            result = _run_once(prepared, launcher, sup, store, rd, attempt, on_event)
+            result = _run_once(prepared, launcher, sup, store, rd, attempt, emit)
             if result.state in (JobState.COMPLETED, JobState.CANCELLED, JobState.RUNNING) or sup.cancel.is_set():
                 break  # RUNNING: detached, the backend runs it on (status / ls ask it and record its end)
             ok, why = policy.record(rd, attempt, result.root_cause, counted=attempt)
@@ -517,6 +539,8 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
             attempt += 1
             store.update(plan.job_id, JobState.RESTARTING, detail=f"{why}: {result.root_cause}"[:2000],
                          restarts=restart_count(rd))
+            if notifier is not None:
+                notifier.attempts()
             if on_event:
                 on_event("restart", {"job_id": plan.job_id, "restart": attempt,
                                      "max_restarts": plan.health.max_restarts, "reason": result.root_cause,
@@ -527,6 +551,9 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
             store.update(plan.job_id, JobState.FAILED, detail=why, root_cause=why, exit_code=1, final=True)
         except Exception:  # noqa: BLE001 - reconcile (ls/status) records it later
             pass
+        if notifier is not None:
+            notifier.finished(JobResult(JobState.FAILED, 1, why, restarts=restart_count(rd)))
+            notifier.close()
         raise
     restarts = restart_count(rd)
     if result.state == JobState.RUNNING:  # detached: no end to record yet
@@ -534,12 +561,43 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
     else:
         store.update(plan.job_id, result.state, detail=result.root_cause or None, exit_code=result.returncode,
                      root_cause=result.root_cause or None, restarts=restarts)
-    return dataclasses.replace(result, restarts=restarts)
+    result = dataclasses.replace(result, restarts=restarts)
+    if notifier is not None:  # after the store has the end: a hook that asks `orchestrate status` sees it
+        if result.state != JobState.RUNNING:
+            notifier.finished(result)
+        notifier.close()
+    return result
+
+
+def _notifier(prepared: Prepared, rd: RunDir, sup: Supervisor, on_event):
+    """The job's Notifier (orchestrator.notify), fed the heartbeats and watching restarts.jsonl; None without a
+    notify: block. Failures to deliver are told through on_event("notify", {"job_id", "line"}) (else stderr)."""
+    spec = getattr(prepared.recipe, "notify", None)
+    if spec is None or not spec.on:
+        return None
+    from orchestrator.notify import Notifier, job_facts
+
+    def say(line: str) -> None:
+        if on_event:
+            on_event("notify", {"job_id": prepared.plan.job_id, "line": line})
+        else:
+            print(f"orchestrate: job {prepared.plan.job_id}: {line}", file=sys.stderr, flush=True)
+
+    notifier = Notifier(spec, job_facts(prepared, str(rd.root)), rd, say=say)
+    beat = sup.on_beat
+
+    def on_beat(rec: dict) -> None:
+        notifier.beat(rec)
+        if beat is not None:
+            beat(rec)
+    sup.on_beat = on_beat
+    notifier.watch()
+    return notifier
 
 
 def restart_count(rd: RunDir) -> int:
-    """Every restart, whoever decided it (the submitter's supervisor, or a SLURM requeue inside the allocation)."""
-    return sum(1 for a in rd.attempts() if a.decision == "restart")
+    """Every restart, whoever decided it (RunDir.restarts)."""
+    return rd.restarts()
 
 
 def _run_once(prepared: Prepared, launcher, sup: Supervisor, store, rd: RunDir, attempt: int, on_event) -> JobResult:
@@ -629,9 +687,9 @@ def status(job: str):
 RECONCILE_THREADS = 8
 
 
-def jobs(limit: int = 20) -> list:
-    """The latest `limit` records, each reconciled. The backends of the jobs nobody supervises are asked at once (up
-    to RECONCILE_THREADS at a time): hosts that do not answer cost one connect timeout, not one each."""
+def jobs(limit: int | None = 20) -> list:
+    """The latest `limit` records (None: all), each reconciled. The backends of the jobs nobody supervises are asked at
+    once (up to RECONCILE_THREADS at a time): hosts that do not answer cost one connect timeout, not one each."""
     from concurrent.futures import ThreadPoolExecutor
     from orchestrator.store import JobStore
     recs = JobStore().list(limit)

@@ -180,8 +180,8 @@ class JobRecord:
 
 
 class JobStore:
-    """create / update / get / list / events over jobs.db. Every method raises StoreError (StoreFullError when the
-    disk is full) rather than sqlite3 errors."""
+    """create / update / get / list / events / delete over jobs.db. Every method raises StoreError (StoreFullError
+    when the disk is full) rather than sqlite3 errors."""
 
     def __init__(self, path: Path | str | None = None):
         self.path = Path(path) if path else home() / "jobs.db"
@@ -358,9 +358,17 @@ class JobStore:
                 return None
         return JobRecord(*rows[0])
 
-    def list(self, limit: int = 20) -> list[JobRecord]:
-        rows = self._read("SELECT * FROM jobs ORDER BY created DESC LIMIT ?", (limit,))
+    def list(self, limit: int | None = 20) -> list[JobRecord]:
+        """The latest `limit` jobs, newest first (None: every job)."""
+        rows = self._read("SELECT * FROM jobs ORDER BY created DESC LIMIT ?", (-1 if limit is None else limit,))
         return [JobRecord(*r) for r in rows]
+
+    def delete(self, job_id: str) -> bool:
+        """Remove a job's record and its events (`orchestrate gc`), one transaction; False when there is none.
+        Only a job in a terminal state is removed (a record that is still live is never dropped)."""
+        terminal = f"SELECT COUNT(*) FROM jobs WHERE id=? AND state IN ({','.join('?' * len(TERMINAL))})"
+        return self._write([("DELETE FROM events WHERE job_id=?", (job_id,)),
+                            ("DELETE FROM jobs WHERE id=?", (job_id,))], guard=(terminal, (job_id, *TERMINAL)))
 
     def events(self, job_id: str) -> builtins.list[dict]:  # `list` here is the method above
         rows = self._read("SELECT t, state, detail FROM events WHERE job_id=? ORDER BY t", (job_id,))

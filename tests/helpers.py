@@ -455,3 +455,38 @@ def assert_golden(root: Path, files: dict[str, str]) -> None:
     assert on_disk.keys() == files.keys(), "golden file set differs (UPDATE_GOLDEN=1 to rewrite)"
     for rel, text in files.items():
         assert on_disk[rel] == text, f"{root.name}/{rel} differs from golden (UPDATE_GOLDEN=1 to rewrite)"
+
+
+class WebhookServer:
+    """A real HTTP server on 127.0.0.1 (a thread) that records every POST: `posts` = [{"path", "type", "json"}].
+    `url` = its address + `path`; `status` is its answer, `delay` how long it takes to give it."""
+
+    def __init__(self, status: int = 200, delay: float = 0.0, path: str = "/hook"):
+        import http.server
+        import threading
+        self.posts: list[dict] = []
+        self.status, self.delay = status, delay
+        hook = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                time.sleep(hook.delay)
+                hook.posts.append({"path": self.path, "type": self.headers.get("Content-Type"),
+                                   "json": json.loads(body)})
+                self.send_response(hook.status)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+        threading.Thread(target=self.server.serve_forever, daemon=True, name="webhook").start()
+
+    def events(self) -> list[str]:
+        return [p["json"]["event"] for p in self.posts]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -26,6 +26,7 @@ EPILOG = """examples:
   orchestrate submit recipe.yaml --detach ; orchestrate attach JOB
   orchestrate ls | status JOB | logs JOB [-f] [--rank R|--node N] [--grep RE] | plot JOB | cancel JOB
   orchestrate status JOB --color always | less -R     # rich tables into a pipe (--json for scripts)
+  orchestrate gc --older-than 7d --keep-failed --dry-run  # what removing finished jobs would free
 """
 
 
@@ -88,6 +89,22 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", "-o", default=None, help="PNG path (default RUN_DIR/plot.png)")
     c = sub.add_parser("cancel", help="cancel a job: every process on every node")
     c.add_argument("job")
+    g = sub.add_parser("gc", help="remove finished jobs: run dirs, records, their hosts' run dirs and staged files",
+                       description="Remove finished jobs older than --older-than: their run dirs and store records "
+                       "here and, for SSH hosts without a shared filesystem, each host's run dir and the staged files "
+                       "no other job there uses. Never a job that is not finished or whose supervisor runs; output "
+                       "dirs only with --outputs. Prints what it frees (--dry-run: the same list, nothing removed).")
+    g.add_argument("jobs", nargs="*", metavar="JOB", help="only these jobs (ids or unique prefixes); any age unless "
+                                                          "--older-than is given")
+    g.add_argument("--older-than", default=None, metavar="AGE", help="only jobs that ended longer ago than AGE: 30d "
+                   "(the default without JOB), 12h, 90m, 45s, 0")
+    g.add_argument("--keep-failed", action="store_true", help="keep FAILED jobs (to debug them later)")
+    g.add_argument("--outputs", action="store_true", help="also the jobs' output dirs (checkpoints!) that no kept job "
+                                                          "uses")
+    g.add_argument("--dry-run", "-n", action="store_true", help="print what would be freed, remove nothing")
+    g.add_argument("--local-only", action="store_true", help="ask no SSH host (hosts gone for good): only this "
+                                                             "machine's run dirs and records go")
+    g.add_argument("--json", action="store_true", help="machine-readable output")
     return ap
 
 
@@ -133,6 +150,9 @@ def cmd_submit(args) -> int:
     print(summary(prepared.plan), flush=True)
     if staging_text(prepared.files):
         print(staging_text(prepared.files), flush=True)
+    if getattr(prepared.recipe, "notify", None) is not None and prepared.recipe.notify.on:
+        from orchestrator.notify import describe
+        print(describe(prepared.recipe.notify), flush=True)
     if args.dry_run:
         return 0
     if args.detach:
@@ -174,6 +194,11 @@ def cmd_submit(args) -> int:
         elif kind == "restart":
             say(f"job {data['job_id']}: restart {data['restart']}/{data['max_restarts']} from the latest "
                 f"checkpoint (furthest step {data['step']}): {data['reason']}")
+        elif kind == "notify":  # a notification that could not be delivered (the job goes on as it is)
+            try:
+                print(f"orchestrate: job {data['job_id']}: {data['line']}", file=sys.stderr, flush=True)
+            except OSError:
+                pass
 
     from orchestrator.detach import forget_self, record_self
     record_self(prepared.plan.job_id)
@@ -376,8 +401,25 @@ def cmd_cancel(args) -> int:
     return 0 if state == "CANCELLED" else 1
 
 
+def cmd_gc(args) -> int:
+    from orchestrator.gc import DEFAULT_OLDER_THAN, gc, parse_age
+    age = parse_age(args.older_than if args.older_than is not None else "0" if args.jobs else DEFAULT_OLDER_THAN)
+
+    def progress(msg: str) -> None:
+        print(f"gc: {msg}", file=sys.stderr, flush=True)
+
+    report = gc(age, keep_failed=args.keep_failed, jobs=tuple(args.jobs), outputs=args.outputs,
+                dry_run=args.dry_run, local_only=args.local_only, progress=progress)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+    else:
+        from orchestrator.cli.views import gc_text
+        print(gc_text(report.to_dict(), args.older_than or (None if args.jobs else DEFAULT_OLDER_THAN)))
+    return 1 if any(i.error for i in report.items) else 0
+
+
 COMMANDS = {"submit": cmd_submit, "render": cmd_render, "ls": cmd_ls, "status": cmd_status, "logs": cmd_logs,
-            "attach": cmd_attach, "plot": cmd_plot, "cancel": cmd_cancel}
+            "attach": cmd_attach, "plot": cmd_plot, "cancel": cmd_cancel, "gc": cmd_gc}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -222,3 +222,26 @@ def staging_text(files: dict[str, str]) -> str:
     lines.append(f"         output {doc['output_local']} <- ${{RUN_DIR}}/output on each host (WORKDIR/"
                  f"{doc['output_key']}), fetch: {doc['fetch']}")
     return "\n".join(lines)
+
+
+def gc_text(report: dict[str, Any], age: str | None) -> str:
+    """`orchestrate gc`'s table (orchestrator.gc.Report.to_dict()): one row per thing freed, then the total and the
+    jobs left alone."""
+    from orchestrator.gc import fmt_bytes
+    rows = [("JOB", "WHERE", "WHAT", "SIZE", "PATH")]
+    for i in report["items"]:
+        what = i["what"] + (f" ({i['detail']})" if i["detail"] else "")
+        rows.append((i["job"] or "-", i["where"], what, fmt_bytes(i["bytes"]),
+                     i["path"] + (f"  ERROR: {i['error']}" if i["error"] else "")))
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>{widths[3]}}  {r[4]}"
+             for r in rows] if report["items"] else []
+    n = len(report["jobs"])
+    verb = "would free" if report["dry_run"] else "freed"
+    lines.append(f"{verb} {fmt_bytes(report['bytes'])} of {n} finished job(s)" + (f" older than {age}" if age else "") +
+                 (" (dry run: nothing removed)" if report["dry_run"] else ""))
+    if report["newer"]:
+        lines.append(f"left alone: {report['newer']} finished job(s) newer than {age}")
+    for job, why in sorted(report["kept"].items()):
+        lines.append(f"left alone: {job}: {why}")
+    return "\n".join(lines)

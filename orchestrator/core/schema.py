@@ -11,7 +11,8 @@ default is required.
 `build(cls, data)` walks a plain dict against a dataclass: unknown keys (with did-you-mean), missing required
 keys, bad values and choices, each with its key path (`launch.parallelism.cp`), every problem collected; it
 returns the instance when there is none. `to_plain`/`from_plain` are the JSON/YAML round trip of the same
-dataclasses. Also here: secret names (`is_secret_name`, the one definition), environment maps, host names.
+dataclasses. Also here: secret names (`is_secret_name`, the one definition), the one URL masking rule (`mask_url`),
+environment maps, host names.
 Pure: no I/O.
 """
 
@@ -22,12 +23,14 @@ import difflib
 import functools
 import ipaddress
 import re
+import shlex
 import types
 import typing
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Union
+from urllib.parse import urlsplit
 
 from orchestrator.core.container import parse_mount
 from orchestrator.core.hostlist import HostlistError, expand
@@ -45,6 +48,37 @@ IFNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,14}$")  # Linux: at most 15
 def is_secret_name(name: str) -> bool:
     """HF_TOKEN, WANDB_API_KEY and anything named *_TOKEN / *_KEY / *_SECRET / *PASSWORD*."""
     return bool(SECRET_NAME.search(name))
+
+
+def mask_url(url: str) -> str:
+    """`url` as it may be written anywhere (files, logs, the store, output): what can carry a secret becomes ***:
+    user:password@, the whole path (Slack / Discord / Teams hooks carry their token there), the query (`?token=`) and
+    the fragment. The scheme, host and port stay, so a line still says where it went. The one masking rule."""
+    try:
+        p = urlsplit(url)
+        port = p.port
+    except (ValueError, TypeError, AttributeError):
+        return "***"
+    if not p.scheme or not p.hostname:
+        return "***"
+    host = f"[{p.hostname}]" if ":" in p.hostname else p.hostname
+    out = f"{p.scheme}://" + ("***@" if "@" in p.netloc else "") + host + (f":{port}" if port is not None else "")
+    if p.path not in ("", "/"):
+        out += "/***"
+    return out + ("?***" if p.query else "") + ("#***" if p.fragment else "")
+
+
+def _url_problem(x: Any) -> str | None:
+    if not isinstance(x, str):
+        return f"must be an http:// or https:// URL, got {type(x).__name__}"
+    try:
+        p = urlsplit(x)
+        p.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        return f"not a valid URL: {mask_url(x)}"
+    if p.scheme not in ("http", "https") or not p.hostname or any(c.isspace() or ord(c) < 32 for c in x):
+        return f"must be an http:// or https:// URL, got {mask_url(x)}"
+    return None
 
 
 def suggest(key: str, known: Iterable[Any]) -> str:
@@ -110,6 +144,12 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "ifname": lambda x: None if isinstance(x, str) and IFNAME.match(x)
     else f"must be a network interface name (eth0, ib0, ...) or auto, got {x!r}",
     "mounts": lambda x: None if isinstance(x, list) else f"must be a list of HOST:CONTAINER[:ro|rw], got {x!r}",
+    "url": _url_problem,
+    "env_name": lambda x: None if isinstance(x, str) and ENV_NAME.match(x)
+    else f"must be an environment variable name, got {x!r}",
+    "argv": lambda x: None if _str_or_list(x) else "must be a command: a list of words, or one string of words",
+    "choice_list": lambda x: None if isinstance(x, str) or (isinstance(x, list) and all(isinstance(i, str) for i in x))
+    else "must be a list of names",
 }
 
 
@@ -121,7 +161,12 @@ def check_value(kind: str, value: Any, choices: tuple | None = None) -> str | No
         msg = None if opt else "must not be null"
     else:
         msg = CHECKS.get(base, CHECKS["any"])(value)
-    if msg is None and choices is not None and value not in choices:
+    if msg is None and choices is not None and base == "choice_list":
+        bad = [i for i in ([value] if isinstance(value, str) else value) if i not in choices]
+        if bad:
+            msg = (f"unknown {bad[0]!r}; each must be one of {', '.join(map(str, choices))}" +
+                   suggest(bad[0], choices))
+    elif msg is None and choices is not None and value not in choices:
         shown = ", ".join("null" if c is None else str(c) for c in choices)
         msg = f"must be one of {shown}, got {value!r}" + suggest(str(value), [c for c in choices if c])
     return msg
@@ -232,6 +277,16 @@ def check_mounts(value: list, path: str) -> tuple[tuple[str, ...], list[Problem]
     """Container mounts `HOST:CONTAINER[:ro|rw]` (core.container.parse_mount), each bad one named (`...mounts[1]`)."""
     problems = [Problem(f"{path}[{i}]", why) for i, item in enumerate(value) for why in [parse_mount(item)[1]] if why]
     return tuple(str(x) for x in value), problems
+def to_argv(value: str | list[str], path: str) -> tuple[tuple[str, ...], list[Problem]]:
+    """A command: a list of words as given, or one string split into words the way a shell splits them (quotes
+    honoured; no shell runs it: no pipes, variables or globs)."""
+    if isinstance(value, list):
+        return tuple(value), []
+    try:
+        words = tuple(shlex.split(value))
+    except ValueError as e:
+        return (), [Problem(path, f"cannot split into words: {e}")]
+    return words, [] if words else [Problem(path, "empty command")]
 
 
 # kinds whose value is transformed once checked: (value, key path) -> (value, problems)
@@ -240,6 +295,7 @@ CONVERT: dict[str, Callable[[Any, str], tuple[Any, list[Problem]]]] = {
     "mounts": check_mounts,
     "hosts": expand_hosts,
     "run_args": check_run_args,
+    "argv": to_argv,
 }
 
 
@@ -269,6 +325,9 @@ GpuIds = Annotated[tuple[int, ...], Check("gpu_ids")]  # GPU indices of a node, 
 Prefixes = Annotated[tuple[str, ...], Check("prefix_list")]  # env name prefixes, e.g. [NCCL_, FI_]
 IfName = Annotated[str, Check("ifname")]  # a network interface name, or "auto"
 Mounts = Annotated[tuple[str, ...], Check("mounts")]  # container mounts HOST:CONTAINER[:ro|rw]
+Url = Annotated[str, Check("url")]  # an http:// or https:// URL (shown only through mask_url)
+EnvName = Annotated[str, Check("env_name")]  # the name of an environment variable
+Argv = Annotated[tuple[str, ...], Check("argv")]  # a command: a list of words, or a string split into words
 Internal = Annotated[str, Check("internal")]  # set by the program (e.g. the source file), never read from input
 
 _BY_TYPE = {bool: "bool", int: "nonneg_int", float: "pos_number", str: "str", tuple: "str_list", list: "str_list",
@@ -356,6 +415,8 @@ def build(cls: type, data: Any, path: str = "") -> tuple[Any, list[Problem]]:
     if not isinstance(data, dict):
         return None, [Problem(path or "<top level>", f"must be a mapping, got {type(data).__name__}")]
     fields = rules(cls)
+    if True in data and "on" in fields and "on" not in data:  # YAML 1.1 (PyYAML) reads a bare `on:` key as true
+        data = {("on" if k is True else k): v for k, v in data.items()}
     public = [name for name, r in fields.items() if not r.internal]
     problems = [Problem(_join(path, key), "unknown key" + suggest(str(key), public))
                 for key in data if key not in public]

@@ -25,10 +25,10 @@ from typing import Annotated, Any, Callable
 
 from orchestrator.core.health import HealthSpec
 from orchestrator.core.container import RUNTIMES
-from orchestrator.core.schema import (Check, EnvMap, GpuIds, Hosts, IfName, Internal, Mounts, NameList, Port, PosInt,
-                                      Prefixes, Procs, RunArgs, StrOrList, arg_text, build, check_value,
-                                      duplicate_hosts, expand_host_entry, from_plain, is_secret_name, one_of, rules,
-                                      suggest, to_plain)
+from orchestrator.core.schema import (Argv, Check, EnvMap, EnvName, GpuIds, Hosts, IfName, Internal, Mounts, NameList,
+                                      Port, PosInt, Prefixes, Procs, RunArgs, StrOrList, Url, arg_text, build,
+                                      check_value, duplicate_hosts, expand_host_entry, from_plain, is_secret_name,
+                                      mask_url, one_of, rules, suggest, to_plain)
 from orchestrator.errors import ConfigError, Problem
 
 _DOT_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)*$")
@@ -93,6 +93,72 @@ class LaunchSpec:
     env_passthrough: Prefixes = ()  # the submitter's variables with these prefixes go to every rank (NCCL_, FI_, ...)
 
 
+# What a `notify:` block can subscribe to (docs/CONTRACT.md "Notifications"). A subscription also covers the
+# narrower events listed here: `failed` every FAILED end (a hang's end is sent as `hung`), `restarted` every restart
+# (a SLURM requeue is sent as `preempted`).
+NOTIFY_EVENTS = ("started", "restarted", "preempted", "hung", "failed", "completed", "cancelled")
+NOTIFY_COVERS = {"failed": ("hung",), "restarted": ("preempted",)}
+
+
+@dataclass(frozen=True)
+class NotifySpec:
+    """`notify:` (in a job file, or a cluster file for every job on it: the job's keys win) - the submit host tells
+    someone when a job ends or restarts: it runs `command` (a list of words, or a string split into words; no shell)
+    with the event's JSON on stdin, and/or POSTs the same JSON to `webhook` (or to the URL held by the submit
+    environment's variable `webhook_env`, so that it is in no file). Delivery never changes the job's state."""
+
+    on: Annotated[tuple[str, ...], Check("choice_list", NOTIFY_EVENTS)] = ("failed", "completed")
+    command: Argv | None = None
+    webhook: Url | None = None
+    webhook_env: EnvName | None = None
+    timeout_s: float = 10
+
+    def wants(self, event: str) -> bool:
+        return any(event == s or event in NOTIFY_COVERS.get(s, ()) for s in self.on)
+
+
+ABSENT: Any = object()  # merge_block's `given` for a job file without the block's key
+
+
+def merge_block(base: Any, job: Any, given: Any = ABSENT, together: tuple[str, ...] = ()) -> Any:
+    """The block (`container:`, `notify:`) a job gets when its cluster file sets one for every job: the cluster's
+    (`base`) with the keys the job's block gives put over it (`given`: the job's block as written; a mapping key such
+    as `env` merges name by name). `together`: keys that are one choice (either given replaces all). A job's
+    `block: null` turns the cluster's off; a job without the key gets the cluster's as it is."""
+    if given is ABSENT:
+        return base
+    if base is None or job is None or not isinstance(given, dict):
+        return job
+    keys = {"on" if k is True else k for k in given}  # (YAML 1.1 reads a bare `on:` key as true)
+    keys |= set(together) if set(together) & keys else set()
+    values = {k: getattr(job, k) for k in keys if k in type(base).__dataclass_fields__}
+    for k, v in values.items():
+        if isinstance(v, dict) and isinstance(getattr(base, k), dict):
+            values[k] = {**getattr(base, k), **v}
+    return replace(base, **values)
+
+
+def notify_problems(spec: NotifySpec | None, where: str = "notify", merged: bool = False) -> list[Problem]:
+    """What a notify block may not say: both webhook and webhook_env (in one file); once merged, subscriptions with
+    nothing to deliver them."""
+    if spec is None:
+        return []
+    if not merged and spec.webhook and spec.webhook_env:
+        return [Problem(where, "give webhook or webhook_env, not both")]
+    if merged and spec.on and not (spec.command or spec.webhook or spec.webhook_env):
+        return [Problem(where, "nothing to deliver: give command, webhook or webhook_env (or on: [] for none)")]
+    return []
+
+
+def _masked(d: dict[str, Any]) -> dict[str, Any]:
+    """A spec's plain data as it may be written to a file: no `notify` key when there is none, its webhook masked."""
+    if d.get("notify") is None:
+        d.pop("notify", None)
+    elif d["notify"].get("webhook"):
+        d["notify"]["webhook"] = mask_url(d["notify"]["webhook"])
+    return d
+
+
 @dataclass(frozen=True)
 class ContainerSpec:
     """Run the ranks in a container image (docs/containers.md). Set in the job file, the cluster file, or both: the
@@ -119,6 +185,7 @@ class RecipeSpec:
     launch: LaunchSpec = field(default_factory=LaunchSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
     container: ContainerSpec | None = None
+    notify: NotifySpec | None = None
     source: Internal = "<recipe>"
 
     @property
@@ -127,7 +194,7 @@ class RecipeSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe, as written to RUN_DIR/recipe.yaml (plain data, no secrets)."""
-        return to_plain(self, exclude=("source",) + (("container",) if self.container is None else ()))
+        return _masked(to_plain(self, exclude=("source",) + (("container",) if self.container is None else ())))
 
 
 @dataclass(frozen=True)
@@ -245,6 +312,7 @@ class RunJobSpec:
     launch: LaunchSpec = field(default_factory=LaunchSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
     container: ContainerSpec | None = None
+    notify: NotifySpec | None = None
     source: Internal = "<recipe>"
     output_dir: Internal = ""  # set by the caller's path resolution: `--output_dir` of the args, or the default
 
@@ -254,7 +322,8 @@ class RunJobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved job, as written to RUN_DIR/recipe.yaml (plain data, no secrets)."""
-        d = to_plain(self, exclude=("source", "output_dir") + (("container",) if self.container is None else ()))
+        d = _masked(to_plain(self, exclude=("source", "output_dir") + (("container",) if self.container is None
+                                                                          else ())))
         d["run"] = {k: v for k, v in d["run"].items() if v is not None}
         return d
 
@@ -317,6 +386,7 @@ class ClusterSpec:
     ssh: SSHSpec | None = None
     slurm: SlurmSpec | None = None
     container: ContainerSpec | None = None  # every job on this cluster runs in it (a job's own block overrides keys)
+    notify: NotifySpec | None = None  # for every job on this cluster; a job's own notify: keys win (merge_block)
     source: Internal = "<builtin local>"
 
 
@@ -607,6 +677,7 @@ def parse_run_job(data: dict[str, Any], source: str = "<recipe>", trainer_fields
         fields = trainer_fields(fields_key(run)) if trainer_fields is not None else None
         kinds = dict.fromkeys(fields, "any") if fields is not None and not isinstance(fields, Mapping) else fields
         problems.extend(check_run(run, kinds, trl_commands))
+    problems.extend(notify_problems(spec.notify) if spec is not None else [])
     if problems:
         raise ConfigError(problems, source=source)
     assert spec is not None
@@ -635,6 +706,7 @@ def parse_recipe(data: dict[str, Any], source: str = "<recipe>",
             fields = dict.fromkeys(fields, "any")
         trainer, trainer_problems = check_trainer(trainer, kind or "", fields)
         problems.extend(trainer_problems)
+    problems.extend(notify_problems(spec.notify) if spec is not None else [])
     if problems:
         raise ConfigError(problems, source=source)
     return replace(spec, trainer=trainer or {}, source=source)
@@ -652,6 +724,7 @@ def parse_cluster(data: dict[str, Any], source: str = "<cluster>") -> ClusterSpe
         problems.append(Problem("ssh.hosts", "missing: give ssh.hosts (list or 'gpu[01-04]') or ssh.hostfile"))
     if spec is not None and spec.ssh is not None:
         problems.extend(duplicate_hosts(spec.ssh.hosts, "ssh.hosts"))
+    problems.extend(notify_problems(spec.notify) if spec is not None else [])
     if problems:
         raise ConfigError(problems, source=source)
     name = raw.get("name") or (Path(source).stem if source.endswith((".yaml", ".yml")) else kind)
@@ -709,18 +782,6 @@ def _list_args_overrides(recipe_file: dict[str, Any], rec_over: dict[str, Any]) 
     run["args"] = words
 
 
-def with_cluster_container(job: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
-    """The job's `container:` block over the cluster's, key by key (`env` name by name); `container: null` in the job
-    means no container at all. Pure: plain dicts in, a new job dict out (checked by the schema afterwards)."""
-    mine, theirs = job.get("container", {}), cluster.get("container")
-    if mine is None or not isinstance(theirs, dict) or not isinstance(mine, dict):
-        return job
-    merged = {**theirs, **mine}
-    if isinstance(theirs.get("env"), dict) and isinstance(mine.get("env"), dict):
-        merged["env"] = {**theirs["env"], **mine["env"]}
-    return {**job, "container": merged}
-
-
 def load(recipe_path: str, cluster_path: str | None = None, flags: dict[str, Any] | None = None,
          overrides: list[str] | None = None, trainer_fields: TrainerFields | None = None,
          trl_commands: TrlCommands | None = None) -> tuple[JobSpec, ClusterSpec]:
@@ -744,7 +805,6 @@ def load(recipe_path: str, cluster_path: str | None = None, flags: dict[str, Any
     if cluster_path:
         cluster_dict = _resolve(read_yaml(cluster_path, "cluster"), cluster_path)
     cluster_dict = _merge(cluster_dict, clu_over) if clu_over else cluster_dict
-    recipe_dict = with_cluster_container(recipe_dict, cluster_dict)
     errors: list[ConfigError] = []
     recipe: JobSpec | None = None
     cluster: ClusterSpec | None = None
@@ -761,6 +821,14 @@ def load(recipe_path: str, cluster_path: str | None = None, flags: dict[str, Any
             cluster = with_hosts(cluster, parse_hostfile(hf.read_text(), str(hf)))
     except ConfigError as e:
         errors.append(e)
+    if recipe is not None and cluster is not None:  # the job's container / notify keys over the cluster's
+        notify = merge_block(cluster.notify, recipe.notify, recipe_dict.get("notify", ABSENT),
+                             together=("webhook", "webhook_env"))
+        bad = notify_problems(notify, merged=True)
+        if bad:
+            errors.append(ConfigError(bad, source=recipe_path))
+        recipe = replace(recipe, notify=notify, container=merge_block(cluster.container, recipe.container,
+                                                                       recipe_dict.get("container", ABSENT)))
     if errors:
         if len(errors) == 1:
             raise errors[0]
@@ -770,7 +838,8 @@ def load(recipe_path: str, cluster_path: str | None = None, flags: dict[str, Any
 
 
 def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
-    return to_plain(cluster)
+    """The cluster as RUN_DIR/cluster.json holds it (a notify webhook masked)."""
+    return _masked(to_plain(cluster))
 
 
 def cluster_from_dict(d: dict[str, Any]) -> ClusterSpec:

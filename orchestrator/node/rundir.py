@@ -7,6 +7,7 @@ RUN_DIR/cluster.json, handle.json    the cluster spec and the backend's handle (
                                      another process rebuild the launcher from them)
 RUN_DIR/cancel.json                  a cancel request (from orchestrate cancel), read by the supervisor
 RUN_DIR/restarts.jsonl               one AttemptRecord per restart decision (supervisor, or the SLURM task)
+RUN_DIR/notify.log                   one line per notification delivered or failed, URLs masked (submitter)
 RUN_DIR/job.sbatch, slurm_job_id     SLURM only
 RUN_DIR/nodes/<R>/accelerate.yaml    node R's accelerate config (node agent, at launch)
 RUN_DIR/nodes/<R>/command.txt        what node R runs, env with secrets masked (submitter, for humans)
@@ -107,7 +108,7 @@ class RunDir:
     """One job's run directory; `RunDir(path)` names it, nothing is created until something is written."""
 
     PLAN, RECIPE, CLUSTER, HANDLE, CANCEL = "plan.json", "recipe.yaml", "cluster.json", "handle.json", "cancel.json"
-    RESTARTS, SBATCH, SLURM_JOB_ID = "restarts.jsonl", "job.sbatch", "slurm_job_id"
+    RESTARTS, SBATCH, SLURM_JOB_ID, NOTIFY = "restarts.jsonl", "job.sbatch", "slurm_job_id", "notify.log"
     LOGS, HEARTBEATS, STACKS, NODES = "logs", "heartbeats", "stacks", "nodes"
 
     def __init__(self, root: str | os.PathLike):
@@ -302,6 +303,10 @@ class RunDir:
             except ValueError:
                 continue
         return sorted(out)
+
+    def restarts(self) -> int:
+        """Every restart, whoever decided it (the submitter's supervisor, or a SLURM requeue inside the allocation)."""
+        return sum(1 for a in self.attempts() if a.decision == "restart")
 
     def furthest_step(self, tail_bytes: int | None = None) -> int | None:
         """The highest global step any rank reported (restart progress). `tail_bytes`: read only that much of the end

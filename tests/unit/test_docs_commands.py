@@ -3,7 +3,8 @@ cluster_configs/*.yaml is extracted and run, so a doc cannot show a command or a
 
 - `submit` runs with `--dry-run` added (validates the recipe and cluster, prints the plan, starts nothing);
 - `render` runs into a temp dir;
-- `ls` runs for real against an empty ORCHESTRATE_HOME;
+- `ls` runs for real against an empty ORCHESTRATE_HOME, and so does `gc` (with `--dry-run` added), unless it names
+  a job (then it is parsed, like the operator commands);
 - operator commands (status, logs, attach, plot, cancel) are parsed by the real argument parser (so every flag
   shown must exist) and run with `--help`;
 - a bare mention of a subcommand (`orchestrate render` in a sentence) runs `orchestrate render --help`.
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBCOMMANDS = ("submit", "render", "ls", "status", "attach", "logs", "plot", "cancel")
+SUBCOMMANDS = ("submit", "render", "ls", "status", "attach", "logs", "plot", "cancel", "gc")
 OPERATOR = ("status", "attach", "logs", "plot", "cancel")
 RECIPE = "recipes/configs/sft_tiny.yaml"
 
@@ -128,7 +129,7 @@ def plan(shown: Shown, tmp: Path) -> tuple[str, list[str]] | None:
         return "run", argv                                   # orchestrate --help / --version
     sub = argv[0]
     assert sub in SUBCOMMANDS, f"{shown.where}: `orchestrate {sub}` is not a command: {shown.text}"
-    if len(argv) == 1 and sub not in ("ls",):
+    if len(argv) == 1 and sub not in ("ls", "gc"):
         return "run", [sub, "--help"]                        # a mention: `orchestrate render` writes ...
     if sub == "submit":
         return "run", argv + ([] if "--dry-run" in argv else ["--dry-run"])
@@ -136,6 +137,8 @@ def plan(shown: Shown, tmp: Path) -> tuple[str, list[str]] | None:
         return "run", argv + ([] if ("--out" in argv or "-o" in argv) else ["--out", str(tmp / "out")])
     if sub == "ls":
         return "run", argv
+    if sub == "gc" and SUBSTITUTE["JOB"] not in argv:
+        return "run", argv + ([] if ("--dry-run" in argv or "-n" in argv) else ["--dry-run"])
     return "parse+help", argv
 
 
