@@ -228,7 +228,7 @@ def srun_flags(cp: ContainerPlan, *, run_dir: str, package: str, cwd: str, env_n
     workdir = cp.workdir or (inside(mounts, cwd) if cwd else "") or ""
     if workdir:
         flags.append(f"--container-workdir={workdir}")
-    names = sorted(set(env_names) | set(cp.env))
+    names = sorted(set(env_names))  # (container.env is in the plan's env: the agent, inside, gives it to the ranks)
     if names:
         flags.append("--container-env=" + ",".join(names))
     return flags + list(cp.options)

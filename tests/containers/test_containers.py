@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -165,3 +166,36 @@ def test_an_image_the_host_lacks_is_a_preflight_error_naming_host_and_image(podm
     assert "cannot be pulled" in r.stderr, r.stderr
     for run_dir in (home / "runs").iterdir():
         assert not (run_dir / "nodes" / "0" / "agent.json").exists(), "a node agent started"
+
+
+def test_the_exact_rendered_apptainer_command_reaches_the_node(tmp_path, job_guard):
+    """runtime apptainer on 2 local nodes, with a stand-in `apptainer` on PATH (tests/fakes/apptainer: records its
+    argv, then runs the command natively): each node agent runs exactly the line `render` shows for its node (the
+    node package and the run dir bound), and the job completes."""
+    import yaml
+    image = tmp_path / "train.sif"
+    image.write_bytes(b"not really an image")
+    log = tmp_path / "apptainer.jsonl"
+    cluster = tmp_path / "apptainer.yaml"
+    cluster.write_text(yaml.safe_dump({"kind": "local", "container": {
+        "image": str(image), "runtime": "apptainer", "python": sys.executable,
+        "mounts": [f"{REPO}/tests/faults:{REPO}/tests/faults:ro"]}}))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"run": {"script": str(REPO / "tests" / "faults" / "beat_loop.py"), "args": ["5"]},
+                                   "launch": {"nodes": 2}}))
+    home = job_guard.home(tmp_path / "home")
+    env = {"ORCHESTRATE_HOME": str(home), "FAKE_APPTAINER_LOG": str(log),
+           "PATH": f"{REPO / 'tests' / 'fakes'}{os.pathsep}{os.environ['PATH']}"}
+    r = cli("submit", job, "--cluster", cluster, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 0 and "COMPLETED" in r.stdout, r.stdout + r.stderr
+    jid = _job_id(r.stdout)
+    run_dir = Path(JobStore(home / "jobs.db").get(jid).run_dir)
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    launches = [c for c in calls if "accelerate.commands.launch" in c]
+    assert len(launches) == 2, calls
+    for node in (0, 1):
+        shown = (run_dir / "nodes" / str(node) / "command.txt").read_text().strip().splitlines()[-1]
+        want = [w.replace("${NODE_PACKAGE}", str(REPO)) for w in shlex.split(shown)]
+        got = next(c for c in launches if f"nodes/{node}/accelerate.yaml" in " ".join(c))
+        assert [Path(got[0]).name] + got[1:] == want, (got, want)
+    assert any(c[1:4] == ["exec", str(image), sys.executable] for c in calls), calls  # the pre-flight's stack check
