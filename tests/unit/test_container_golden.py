@@ -93,9 +93,9 @@ def test_apptainer_wraps_the_launcher_and_the_agent_stays_outside():
             "/shared/orchestrate/runs/slurm_apptainer-job:rw,/home/user/project:/home/user/project:rw,"
             "'${NODE_PACKAGE}/orchestrator:/opt/orchestrate/orchestrator:ro',") not in cmd  # one word, quoted whole
     line = cmd.strip().splitlines()[-1]
-    assert line.startswith("apptainer exec --nv --bind ") and " /shared/images/pytorch.sif python3 -m " \
-        "accelerate.commands.launch --config_file /shared/orchestrate/runs/slurm_apptainer-job/nodes/1/accelerate.yaml" \
-        in line, line
+    inner = ("/shared/images/pytorch.sif python3 -m accelerate.commands.launch --config_file "
+             "/shared/orchestrate/runs/slurm_apptainer-job/nodes/1/accelerate.yaml")
+    assert line.startswith("apptainer exec --nv --bind ") and f" {inner}" in line, line
     assert "--pwd /home/user/project" in line and "/models:/models:rw" in line
     assert "srun" not in line and "--container-image" not in files["job.sbatch"]
     assert "-m orchestrator.node" in files["job.sbatch"]  # the node agent runs on the host, starts apptainer
