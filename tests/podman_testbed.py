@@ -76,3 +76,20 @@ def container_cluster(path: Path, image: str, kind: str = "local", mounts=(), **
     data.update(extra)
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def ranks_of(job_id: str) -> dict[int, int]:
+    """Global rank -> pid of the job's live ranks on this machine (every testbed host runs here): processes whose
+    environment has ORCHESTRATE_JOB_ID=<job> and RANK (the workers)."""
+    want = f"ORCHESTRATE_JOB_ID={job_id}".encode()
+    out: dict[int, int] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if want in env:
+            rank = next((e[5:] for e in env if e.startswith(b"RANK=")), None)
+            if rank is not None and rank.isdigit():
+                out.setdefault(int(rank), int(name))
+    return out

@@ -28,6 +28,11 @@ class HealthSpec:
     # Seconds for the ranks' network pre-flight (orchestrator.node.preflight: every node reaches every other over the
     # real interface, one all-reduce on the real backend) before the model loads; 0 turns it off.
     preflight_timeout: Annotated[float, "nonneg_number"] = 30.0
+    # GPU health in the pre-flight (orchestrator.core.gpuhealth): what a bad GPU does to the job (fail: refuse to
+    # start; warn: start and say so; exclude_host: do not use the host, a spare takes its place), and whether to run
+    # `dcgmi diag -r 1` too (dcgm; skipped with a note where dcgmi is not installed).
+    gpu_check: Annotated[str, "gpu_check"] = "fail"
+    gpu_diag: Annotated[str, "gpu_diag"] = "none"
 
 
 @dataclass

@@ -33,6 +33,7 @@ from typing import Annotated, Any, Callable, Union
 from urllib.parse import urlsplit
 
 from orchestrator.core.container import parse_mount
+from orchestrator.core.gpuhealth import DIAGS, POLICIES
 from orchestrator.core.hostlist import HostlistError, expand
 from orchestrator.errors import Problem
 
@@ -144,6 +145,10 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "ifname": lambda x: None if isinstance(x, str) and IFNAME.match(x)
     else f"must be a network interface name (eth0, ib0, ...) or auto, got {x!r}",
     "mounts": lambda x: None if isinstance(x, list) else f"must be a list of HOST:CONTAINER[:ro|rw], got {x!r}",
+    "gpu_check": lambda x: None if x in POLICIES else f"must be one of {', '.join(POLICIES)}, got {x!r}"
+    + suggest(str(x), POLICIES),
+    "gpu_diag": lambda x: None if x in DIAGS else f"must be one of {', '.join(DIAGS)}, got {x!r}"
+    + suggest(str(x), DIAGS),
     "url": _url_problem,
     "env_name": lambda x: None if isinstance(x, str) and ENV_NAME.match(x)
     else f"must be an environment variable name, got {x!r}",

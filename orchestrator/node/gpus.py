@@ -1,4 +1,6 @@
-"""A node's GPUs: the inventory (`nvidia-smi`, else /proc/driver/nvidia) and the CUDA_VISIBLE_DEVICES binding.
+"""A node's GPUs: the inventory (`nvidia-smi`, else /proc/driver/nvidia), their health (nvidia-smi's ECC / retired
+page / row remap / mode / memory fields, the processes on them, XID errors from the kernel log, `dcgmi diag` when
+asked: `health()`, judged by orchestrator.core.gpuhealth) and the CUDA_VISIBLE_DEVICES binding.
 
 Standard library only (runs on a bare node: the SSH probe, the node agent, `python -m orchestrator.node.gpus`).
 
@@ -131,6 +133,125 @@ def bind_visible(planned: str, inherited: list[str] | None) -> tuple[str, str | 
         return "", (f"the plan binds GPU(s) {','.join(bad)} but this node may use only {len(inherited)} "
                      f"(CUDA_VISIBLE_DEVICES={','.join(inherited) or '(empty)'})")
     return ",".join(inherited[int(i)] for i in ids), None
+
+
+# ------------------------------------------------------------------------------------------------ health
+
+HEALTH_QUERY = ("--query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,"
+                "remapped_rows.failure,remapped_rows.pending,persistence_mode,compute_mode,memory.used",
+                "--format=csv,noheader,nounits")
+HEALTH_FIELDS = ("index", "pci_bus", "ecc_uncorrected_volatile", "retired_pages_pending", "remapped_rows_failure",
+                 "remapped_rows_pending", "persistence_mode", "compute_mode", "memory_used_mib")
+APPS_QUERY = ("--query-compute-apps=gpu_bus_id,pid,used_memory", "--format=csv,noheader,nounits")
+_UNKNOWN = ("[N/A]", "[Not Supported]", "N/A", "")
+
+
+def _value(text: str) -> Any:
+    """A health field: an int, a word ("Yes", "Default", ...), or None when the GPU does not report it."""
+    text = text.strip()
+    if text in _UNKNOWN:
+        return None
+    return int(text) if text.isdigit() else text
+
+
+def _bus(text: str) -> str:
+    """A PCI bus id in one spelling for nvidia-smi (00000000:3B:00.0) and the kernel log (0000:3b:00)."""
+    t = text.strip().lower()
+    parts = t.split(":")
+    if len(parts) >= 3:
+        domain = parts[-3][-4:].rjust(4, "0")
+        return f"{domain}:{parts[-2]}:{parts[-1].split('.')[0]}"
+    return t
+
+
+def xid_events(text: str) -> list[dict[str, Any]]:
+    """`NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.` lines of a kernel log -> records."""
+    import re
+    out = []
+    for m in re.finditer(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),?\s*(.*)", text):
+        out.append({"pci_bus": _bus(m.group(1)), "xid": int(m.group(2)), "text": m.group(3).strip()[:160]})
+    return out
+
+
+def kernel_log(timeout: float = 10.0) -> tuple[str | None, str | None]:
+    """(the kernel log's text, why it could not be read): `dmesg` (ORCHESTRATE_DMESG names another program)."""
+    prog = os.environ.get("ORCHESTRATE_DMESG", "").strip() or shutil.which("dmesg")
+    if not prog:
+        return None, "dmesg not found"
+    try:
+        r = subprocess.run([prog], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, str(e)
+    if r.returncode != 0:
+        return None, (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1][:160]
+    return r.stdout, None
+
+
+def dcgm_diag(timeout: float = 600.0) -> dict[str, Any]:
+    """`dcgmi diag -r 1 -j` (ORCHESTRATE_DCGMI names another program): {"ran", "failures": [{"gpu", "test", "info"}],
+    "error"}; not installed: ran False."""
+    prog = os.environ.get("ORCHESTRATE_DCGMI", "").strip() or shutil.which("dcgmi")
+    if not prog:
+        return {"ran": False, "failures": [], "error": "dcgmi not found"}
+    try:
+        r = subprocess.run([prog, "diag", "-r", "1", "-j"], capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+        doc = json.loads(r.stdout or "{}")
+    except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+        return {"ran": True, "failures": [], "error": f"dcgmi diag: {e}"}
+    failures = []
+    for cat in (doc.get("DCGM GPU Diagnostic") or {}).get("test_categories") or []:
+        for test in cat.get("tests") or []:
+            for res in test.get("results") or []:
+                if str(res.get("status", "")).lower() == "fail":
+                    failures.append({"gpu": res.get("gpu_id"), "test": test.get("name"),
+                                     "info": str(res.get("info") or res.get("warnings") or "")[:200]})
+    return {"ran": True, "failures": failures, "error": None if r.returncode in (0, 226) else f"exit {r.returncode}"}
+
+
+def health(diag: bool = False, timeout: float = 30.0) -> dict[str, Any]:
+    """What the node says of its GPUs' health, for the pre-flight's judge (orchestrator.core.gpuhealth):
+    {"gpus": [{index, pci_bus, ecc_uncorrected_volatile, retired_pages_pending, remapped_rows_failure,
+    remapped_rows_pending, persistence_mode, compute_mode, memory_used_mib, processes: [{pid, used_mib}]}],
+    "xid": [{pci_bus, xid, text}] or None (kernel log unreadable: "xid_error" says why), "dcgm": {...} when asked,
+    "error": why nvidia-smi could not tell}."""
+    out: dict[str, Any] = {"gpus": [], "xid": None, "xid_error": None, "error": None}
+    smi = nvidia_smi()
+    if not smi:
+        out["error"] = "nvidia-smi not found"
+        return out
+    try:
+        r = subprocess.run([smi, *HEALTH_QUERY], capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+        apps = subprocess.run([smi, *APPS_QUERY], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        out["error"] = f"{smi}: {e}"
+        return out
+    if r.returncode != 0:
+        last = (r.stderr or r.stdout).strip().splitlines()
+        out["error"] = f"{smi} exited {r.returncode}" + (f": {last[-1]}" if last else "")
+        return out
+    by_bus: dict[str, dict[str, Any]] = {}
+    for line in r.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != len(HEALTH_FIELDS) or not parts[0].isdigit():
+            continue
+        gpu = {k: _value(v) for k, v in zip(HEALTH_FIELDS, parts, strict=True)}
+        gpu["pci_bus"] = _bus(parts[1])
+        gpu["processes"] = []
+        out["gpus"].append(gpu)
+        by_bus[gpu["pci_bus"]] = gpu
+    if apps.returncode == 0:
+        for line in apps.stdout.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) == 3 and parts[1].isdigit() and _bus(parts[0]) in by_bus:
+                by_bus[_bus(parts[0])]["processes"].append({"pid": int(parts[1]), "used_mib": _value(parts[2])})
+    log, why = kernel_log()
+    out["xid"], out["xid_error"] = (xid_events(log), None) if log is not None else (None, why)
+    if diag:
+        out["dcgm"] = dcgm_diag()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
