@@ -18,7 +18,7 @@ Measured, interleaved per round (the order rotates each round, so drift hits eve
 - pdcp: `pdcp -R ssh -l root -r` to all hosts (PDSH_SSH_ARGS_APPEND carries the ssh options).
 - ours_direct (when the engine has ssh.stage_relay; --no-direct skips it): ours with the relay off, every host
   fed by the submitter over SSH. With the relay on (default, 3+ hosts, 8+ MiB) the bytes leave the submitter
-  once and the hosts pass them on over plain TCP; the hops that worked are recorded per run.
+  once and the hosts pass them on over mutual TLS (docs/staging.md); the hops that worked are recorded per run.
 ssh options everywhere: -p PORT -i KEY -o UserKnownHostsFile=... -o StrictHostKeyChecking=yes -o BatchMode=yes
 -o KexAlgorithms=curve25519-sha256. Every result is checked on every host afterwards (file count and bytes, read
 in the host's own mount namespace), so a failed copy never counts as fast. Per round: the ratio ours/anchor;
