@@ -116,6 +116,22 @@ def cut(sock):
         pass
 
 
+def _filler(tls):
+    """fill(view) -> how many bytes of the TLS stream were read into `view` (all of it but at the stream's end): TLS
+    records go straight into the buffer (no Python layers between a record and the buffer)."""
+    read = tls.read
+
+    def fill(view):
+        n, got = len(view), 0
+        while got < n:
+            k = read(n - got, view[got:])
+            if not k:
+                break
+            got += k
+        return got
+    return fill
+
+
 class RelayTLS:
     """The stage's relay credentials: one self-signed certificate and its key, made by the submitter for this stage
     only and given to each host over its SSH session. Every hop is mutual TLS pinned to that certificate: both ends
@@ -247,7 +263,7 @@ class Listener:
         tls.close()
 
     def peer_in(self, timeout):
-        """(the connection, a reader of its stream) of the peer that presented this hop's token, waited for up to
+        """The connection of the peer that presented this hop's token, waited for up to
         `timeout`; an `abort` greeting (the host before this one failed) gives up at once. The port is closed after."""
         import time
         deadline = time.monotonic() + timeout
@@ -262,7 +278,7 @@ class Listener:
             raise ConnectionAbortedError("relay aborted: the host before this one failed")
         if peer is None:
             raise TimeoutError("no relay peer within %gs (%d refused)" % (timeout, refused))
-        return peer, peer.makefile("rb")
+        return peer
 
     def close(self):
         import socket
@@ -368,37 +384,51 @@ class Server:
         listener, self.listener = getattr(self, "listener", None), None
         if listener is not None and not req.get("relay"):
             listener.close()  # the stream comes over SSH after all
-        conn, src = listener.peer_in(self.listen_timeout) if req.get("relay") else (None, self.rin)
+        conn = listener.peer_in(self.listen_timeout) if req.get("relay") else None
         out = None
-        if req.get("forward"):
-            fwd = req["forward"]
-            out = self.relay_tls.connect(fwd["host"], int(fwd["port"]), PUT + fwd["token"].encode(),
-                                         float(fwd.get("timeout", 10)))
         try:
-            return self._receive(req["blobs"], src, out)
+            if req.get("forward"):
+                fwd = req["forward"]
+                out = self.relay_tls.connect(fwd["host"], int(fwd["port"]), PUT + fwd["token"].encode(),
+                                             float(fwd.get("timeout", 10)))
+            return self._receive(req["blobs"], self.rin.readinto if conn is None else _filler(conn), out)
         finally:
-            for s in (out, src if conn is not None else None, conn):
+            for s in (out, conn):
                 if s is not None:
                     s.close()
 
-    def _receive(self, blobs, src, out):
+    def _receive(self, blobs, fill, out):
+        """The blobs' bytes, in order, read in pieces of up to CHUNK that span blobs (`fill`): each piece is passed
+        on first (`out`), then hashed and written blob by blob."""
         bad, got = [], 0
+        buf = memoryview(bytearray(CHUNK))
+        have = at = 0  # bytes in buf, of which consumed
+        stream = sum(size for _sha, size in blobs)  # still to read
         for sha, size in blobs:
+            path = self.blob(sha)
             keep = self.blob_ok(sha, size) is None
-            tmp = self.blob(sha) + ".part.%d" % os.getpid()
+            tmp = path + ".part.%d" % os.getpid()
             h = hashlib.sha256()
             left = size
-            with open(tmp if keep else os.devnull, "wb") as fh:
+            fh = open(tmp, "wb") if keep else None
+            try:
                 while left:
-                    data = src.read(min(CHUNK, left))
-                    if not data:
-                        raise EOFError("stream ended inside blob %s" % sha)
-                    if out is not None:
-                        out.sendall(data)
-                    if keep:
-                        h.update(data)
-                        fh.write(data)
-                    left -= len(data)
+                    if at == have:
+                        have, at = fill(buf[:min(CHUNK, stream)]), 0
+                        if not have:
+                            raise EOFError("stream ended inside blob %s" % sha)
+                        stream -= have
+                        if out is not None:
+                            out.sendall(buf[:have])
+                    piece = buf[at:at + min(left, have - at)]
+                    if fh is not None:
+                        h.update(piece)
+                        fh.write(piece)
+                    at += len(piece)
+                    left -= len(piece)
+            finally:
+                if fh is not None:
+                    fh.close()
             if not keep:
                 continue
             got += size
@@ -407,16 +437,16 @@ class Server:
                 bad.append(sha)
                 continue
             os.chmod(tmp, 0o400)
+            ok = path + ".ok"
             try:
-                os.unlink(self.blob(sha) + ".ok")
+                os.unlink(ok)
             except OSError:
                 pass
-            if os.path.exists(self.blob(sha)):
-                os.chmod(self.blob(sha), 0o600)
-            os.replace(tmp, self.blob(sha))
-            ok = self.blob(sha) + ".ok"
+            if os.path.exists(path):
+                os.chmod(path, 0o600)
+            os.replace(tmp, path)
             with open(ok + ".tmp", "w") as fh:
-                fh.write(_stamp(os.stat(self.blob(sha))))
+                fh.write(_stamp(os.stat(path)))
             os.replace(ok + ".tmp", ok)
         return {"bytes": got, "bad": bad}
 

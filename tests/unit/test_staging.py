@@ -138,10 +138,10 @@ def test_a_relay_port_takes_only_the_stages_key_and_token_and_strangers_do_not_d
         t0 = time.monotonic()
         real = tls.connect("127.0.0.1", lst.port, stagecache.PUT + token.encode(), timeout=3)
         real.sendall(b"payload")
-        peer, rfile = lst.peer_in(10)
+        peer = lst.peer_in(10)
         took = time.monotonic() - t0
-        assert rfile.read(7) == b"payload"
-        assert took < 1.0, took  # not held up by the idle stranger (greet_s = 3)
+        assert peer.recv(7) == b"payload"
+        assert took < 2.0, took  # not held up by the idle stranger (greet_s = 3)
         assert peer.getpeercert(binary_form=True) == tls.pin
         for name, s in (("garbage", garbage), ("no certificate", anon), ("wrong token", wrong)):
             assert closed_by_peer(s, 2.0), f"the {name} stranger is still connected"
@@ -149,7 +149,6 @@ def test_a_relay_port_takes_only_the_stages_key_and_token_and_strangers_do_not_d
         assert lst.refused >= 3, lst.refused
         with pytest.raises(OSError):  # the port is closed once the real peer is in
             socket.create_connection(addr, timeout=1)
-        rfile.close()
         peer.close()
     finally:
         lst.close()
@@ -166,7 +165,7 @@ def test_an_idle_stranger_is_dropped_after_the_greeting_time_and_an_abort_ends_t
         idle = socket.create_connection(("127.0.0.1", lst.port))
         t0 = time.monotonic()
         assert closed_by_peer(idle, 3.0)
-        assert 0.9 <= time.monotonic() - t0 < 2.0
+        assert 0.9 <= time.monotonic() - t0 < 3.0
         with pytest.raises(TimeoutError, match="1 refused"):
             lst.peer_in(0.3)
     finally:
@@ -177,7 +176,7 @@ def test_an_idle_stranger_is_dropped_after_the_greeting_time_and_an_abort_ends_t
         t0 = time.monotonic()
         with pytest.raises(ConnectionAbortedError):
             lst.peer_in(10)
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < 2.0
     finally:
         lst.close()
 
@@ -208,8 +207,7 @@ def test_relay_credentials_load_without_a_file_and_verify_under_strict_x509(tmp_
     lst = stagecache.Listener("127.0.0.1", tls, "12" * 16)
     try:
         tls.connect("127.0.0.1", lst.port, stagecache.PUT + b"12" * 16, timeout=3).close()
-        peer, rfile = lst.peer_in(5)
-        peer.close()
+        lst.peer_in(5).close()
     finally:
         lst.close()
 
@@ -220,15 +218,20 @@ def _relay_put(host: Host, req: dict, out: dict, key: str) -> None:
 
 def test_a_relayed_put_through_two_host_caches_survives_a_host_that_starts_reading_late(tmp_path):
     """submitter -TLS-> host a -TLS-> host b, with host a's `put` sent 3 s after the submitter began sending (its
-    first hop's sends then wait on a full socket for seconds, as on a slow host): every byte arrives, hashed."""
+    first hop's sends then wait on a full socket for seconds, as on a slow host): every byte arrives, hashed. The
+    stream (300 small blobs, then a large one) is read and passed on in pieces spanning blobs; a blob host a already
+    holds is only passed on."""
     import threading
     import time
     cert, key = st.relay_credentials()
     tls = stagecache.RelayTLS(cert, key, str(tmp_path))
-    data = os.urandom(24 << 20)
-    blobs = [[_sha(data), len(data)]]
+    parts = [os.urandom(5000 + i) for i in range(300)] + [os.urandom(24 << 20)]
+    data = b"".join(parts)
+    blobs = [[_sha(p), len(p)] for p in parts]
     hosts = [Host(tmp_path / "a"), Host(tmp_path / "b")]
     try:
+        held = parts[150]
+        assert hosts[0].ask({"op": "put", "blobs": [[_sha(held), len(held)]]}, held)["bytes"] == len(held)
         tokens = ["a1" * 16, "b2" * 16]
         ports = [h.ask({"op": "listen", "token": t, "tls": {"cert": cert, "key": key}})["port"]
                  for h, t in zip(hosts, tokens, strict=True)]
@@ -246,9 +249,10 @@ def test_a_relayed_put_through_two_host_caches_survives_a_host_that_starts_readi
         sender.join(10)
         tb.join(10)
         first.close()
-        assert out == {"a": {"bytes": len(data), "bad": []}, "b": {"bytes": len(data), "bad": []}}, out
+        assert out == {"a": {"bytes": len(data) - len(held), "bad": []}, "b": {"bytes": len(data), "bad": []}}, out
         for h in ("a", "b"):
-            assert (tmp_path / h / "cache/blobs" / _sha(data)).read_bytes() == data
+            for p in parts:
+                assert (tmp_path / h / "cache/blobs" / _sha(p)).read_bytes() == p
     finally:
         for h in hosts:
             h.p.kill()
