@@ -645,14 +645,6 @@ class Stager:
                 progress(len(small))
         return send
 
-    def _ask_all(self, hosts: list[str], req) -> dict[str, dict[str, Any]]:
-        """Each host's session asked `req(host)` at once (a submit's cancel stops the wait); the first error raised."""
-        out = self.pool.map(lambda h: self.sessions[h].ask(req(h)), hosts)
-        for res in out.values():
-            if isinstance(res, BaseException):
-                raise res
-        return out
-
     def _send_relay(self, sock, batch: list[list], progress) -> None:
         try:
             self._payload(batch, progress)(sock)
@@ -698,8 +690,10 @@ class Stager:
             broken = [h for h in lacking if self.relayed.get(h) != "ok"]
             for h in set(lacking) - set(broken):
                 self.hosts[h].missing = []
-            asked = self._ask_all(broken, lambda h: {"op": "check", "blobs": self.blobs})
+            asked = self.pool.map(lambda h: self.sessions[h].ask({"op": "check", "blobs": self.blobs}), broken)
             for h, out in asked.items():
+                if isinstance(out, Exception):
+                    raise out
                 self.hosts[h].missing = out["missing"]
 
         def one(host: str) -> HostStage:
@@ -730,8 +724,12 @@ class Stager:
         cert, key = relay_credentials()
         tls = RelayTLS(cert, key)
         tokens = {h: secrets.token_hex(16) for h in hosts}
-        asked = self._ask_all(hosts, lambda h: {"op": "listen", "token": tokens[h], "timeout": 30,
-                                                "tls": {"cert": cert, "key": key}})
+        asked = self.pool.map(lambda h: self.sessions[h].ask({"op": "listen", "token": tokens[h], "timeout": 30,
+                                                              "tls": {"cert": cert, "key": key}}), hosts)
+        failed = {h: f"no relay port: {r}" for h, r in asked.items() if isinstance(r, Exception)}
+        if failed:  # (a host's python without ssl, say): every host gets the files straight from here
+            logger.warning("staging relay not used: %s", "; ".join(f"{h}: {w}" for h, w in failed.items()))
+            return {h: failed.get(h, "relay not used (another host has no relay port)") for h in hosts}
         ports = {h: int(out["port"]) for h, out in asked.items()}
         first: Any = None
         try:  # the first hop over the hosts' network too, when this machine reaches it (as the ranks' traffic does)

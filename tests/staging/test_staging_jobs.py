@@ -269,6 +269,25 @@ def test_a_broken_relay_hop_falls_back_to_direct_sends(private_testbed, tmp_path
     assert all(f.sent_bytes <= tree.size for f in facts.values()), {h: f.sent_bytes for h, f in facts.items()}
 
 
+def test_a_host_that_cannot_open_a_relay_port_gets_everything_straight_from_the_submitter(private_testbed, tmp_path,
+                                                                                          monkeypatch, stage_files):
+    """One host's `listen` fails (as on a host whose python has no ssl module): no relay at all, every host is sent
+    the files straight from the submitter (_stage_dir checks each host's copy)."""
+    from launchers.ssh import stage as st
+    ask = st.Session.ask
+    victim = private_testbed.hosts[1]
+
+    def no_ssl(self, req, payload=None):
+        if req.get("op") == "listen" and self.host == victim:
+            raise RuntimeError("ModuleNotFoundError: No module named '_ssl'")
+        return ask(self, req, payload)
+    monkeypatch.setattr(st.Session, "ask", no_ssl)
+    s, tree, facts = _stage_dir(stage_files, tmp_path, 12 << 20)
+    assert "no relay port" in s.relayed[victim] and "_ssl" in s.relayed[victim], s.relayed
+    assert all(why != "ok" for why in s.relayed.values()), s.relayed
+    assert all(f.sent_bytes == tree.size for f in facts.values())
+
+
 def test_a_corrupted_file_in_a_hosts_cache_is_detected_and_sent_again_over_ssh(private_testbed, tmp_path,
                                                                                 stage_files):
     """A staged file changed in place on one host (its blob, hence the tree's hard link to it): the next stage finds
