@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Install what the SSH testbed needs (openssh-server, openssh-client, pdsh; nftables to cut a host off), skipping what
-# is present.
+# Install what the SSH testbed needs (openssh-server, openssh-client, pdsh; nftables to cut a host off; tcpdump to
+# capture the staging relay's traffic in tests/staging), skipping what is present.
 # Idempotent: a second run does nothing but print "present". Needs root (or sudo) for apt.
 set -euo pipefail
 
-want=(openssh-server openssh-client pdsh nftables)
+want=(openssh-server openssh-client pdsh nftables tcpdump)
 missing=()
 for pkg in "${want[@]}"; do
     if dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then

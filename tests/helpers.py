@@ -47,6 +47,21 @@ def wait_until(pred: Callable[[], Any], timeout: float = 30.0, interval: float =
         time.sleep(interval)
 
 
+def closed_by_peer(sock: Any, within: float) -> bool:
+    """True when the other end closed (or reset) the connection `sock` within `within` seconds, whatever it sent
+    before; False when it is still open then."""
+    import socket
+    sock.settimeout(within)
+    try:
+        while sock.recv(1 << 16):
+            pass
+        return True
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
 def live(pids: Iterable[int]) -> list[int]:
     """The pids that are still running (a zombie counts as gone)."""
     return sorted({int(p) for p in pids if alive(int(p))})

@@ -421,6 +421,34 @@ def agent_prefix(workdir: str, package_sha: str) -> tuple[str, ...]:
     return ("env", f"PYTHONPATH={workdir.rstrip('/')}/cache/trees/{package_sha}")
 
 
+def relay_credentials() -> tuple[str, str]:
+    """(certificate, private key) PEM for one stage's relay: a fresh ECDSA P-256 key and a self-signed certificate,
+    made here with `cryptography` (paramiko's own dependency; the hosts need only Python's ssl), held in memory and
+    given to each host over its SSH session only. The validity dates guard nothing (the key lives for one stage),
+    so they are wide: a host whose clock is off still takes part."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    key = ec.generate_private_key(ec.SECP256R1())
+    pub = key.public_key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "orchestrate staging relay")])
+    utc = datetime.timezone.utc
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(pub)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(datetime.datetime(2000, 1, 1, tzinfo=utc))
+            .not_valid_after(datetime.datetime(2100, 1, 1, tzinfo=utc))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(pub), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(pub), critical=False)
+            .sign(key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM).decode(),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()).decode())
+
+
 # ----------------------------------------------------------------------------------------- the host sessions
 
 def _server_source() -> str:
@@ -593,21 +621,31 @@ class Stager:
         return problems
 
     def _payload(self, batch: list[list], progress):
-        """A `put`'s bytes: the listed blobs read from the local files, in order."""
+        """A `put`'s bytes: the listed blobs read from the local files, in order; small files travel together, a
+        CHUNK at a time (fewer sends, and full TLS records on the relay)."""
         def send(chan) -> None:
+            small = bytearray()
             for sha, size in batch:
                 with open(self.local[sha], "rb") as fh:
                     left = size
                     while left:
-                        data = fh.read(min(CHUNK, left))
+                        data: bytes | bytearray = fh.read(min(CHUNK, left))
                         if not data:
                             raise RuntimeError(f"{self.local[sha]} changed while staging")
-                        chan.sendall(data)
                         left -= len(data)
+                        if small or len(data) < CHUNK:
+                            small += data
+                            if len(small) < CHUNK:
+                                continue
+                            data, small = small, bytearray()
+                        chan.sendall(data)
                         progress(len(data))
+            if small:
+                chan.sendall(small)
+                progress(len(small))
         return send
 
-    def _send_plain(self, sock, batch: list[list], progress) -> None:
+    def _send_relay(self, sock, batch: list[list], progress) -> None:
         try:
             self._payload(batch, progress)(sock)
         except OSError:
@@ -647,8 +685,16 @@ class Stager:
 
         if relay:
             self.relayed = self._relay(lacking, [[x, sizes[x]] for x in union], progress, record)
-            for h in lacking:  # whatever the chain did not deliver comes straight from the submitter
-                self.hosts[h].missing = self.sessions[h].ask({"op": "check", "blobs": self.blobs})["missing"]
+            # a host whose hop went through holds every blob (each verified there); whatever the chain did not
+            # deliver elsewhere comes straight from the submitter
+            broken = [h for h in lacking if self.relayed.get(h) != "ok"]
+            for h in set(lacking) - set(broken):
+                self.hosts[h].missing = []
+            asked = self.pool.map(lambda h: self.sessions[h].ask({"op": "check", "blobs": self.blobs}), broken)
+            for h, out in asked.items():
+                if isinstance(out, Exception):
+                    raise out
+                self.hosts[h].missing = out["missing"]
 
         def one(host: str) -> HostStage:
             s, hs = self.sessions[host], self.hosts[host]
@@ -670,18 +716,25 @@ class Stager:
 
     def _relay(self, hosts: list[str], batch: list[list], progress, record) -> dict[str, str]:
         """One stream through the hosts in order: the submitter -> hosts[0] -> hosts[1] -> ... Returns {host: "ok"
-        or why its hop failed}; a failed hop leaves the rest to the direct sends."""
+        or why its hop failed}; a failed hop leaves the rest to the direct sends. Every hop is mutual TLS pinned to
+        a certificate made for this stage (`relay_credentials`, sent to each host in its `listen` over SSH), then
+        the hop's own token (docs/staging.md)."""
         import secrets
-        import socket
-        token = secrets.token_hex(16)
-        ports: dict[str, int] = {}
-        for h in hosts:
-            ports[h] = int(self.sessions[h].ask({"op": "listen", "token": token, "timeout": 30})["port"])
-        first: socket.socket | None = None
+        from orchestrator.node.stagecache import ABORT, PUT, RELAY_GREET_S, RelayTLS, cut
+        cert, key = relay_credentials()
+        tls = RelayTLS(cert, key)
+        tokens = {h: secrets.token_hex(16) for h in hosts}
+        asked = self.pool.map(lambda h: self.sessions[h].ask({"op": "listen", "token": tokens[h], "timeout": 30,
+                                                              "tls": {"cert": cert, "key": key}}), hosts)
+        failed = {h: f"no relay port: {r}" for h, r in asked.items() if isinstance(r, Exception)}
+        if failed:  # (a host's python without ssl, say): every host gets the files straight from here
+            logger.warning("staging relay not used: %s", "; ".join(f"{h}: {w}" for h, w in failed.items()))
+            return {h: failed.get(h, "relay not used (another host has no relay port)") for h in hosts}
+        ports = {h: int(out["port"]) for h, out in asked.items()}
+        first: Any = None
         try:  # the first hop over the hosts' network too, when this machine reaches it (as the ranks' traffic does)
-            first = socket.create_connection((hosts[0], ports[hosts[0]]), timeout=2)
-            first.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            first.sendall(token.encode() + b"\n")
+            first = tls.connect(hosts[0], ports[hosts[0]], PUT + tokens[hosts[0]].encode(), timeout=2,
+                                handshake=RELAY_GREET_S)
         except OSError:
             first = None  # over SSH then
 
@@ -689,14 +742,19 @@ class Stager:
             h = hosts[i]
             req: dict[str, Any] = {"op": "put", "blobs": batch}
             if i + 1 < len(hosts):
-                req["forward"] = {"host": hosts[i + 1], "port": ports[hosts[i + 1]], "token": token}
+                req["forward"] = {"host": hosts[i + 1], "port": ports[hosts[i + 1]], "token": tokens[hosts[i + 1]]}
             if i == 0 and first is None:
                 out = self.sessions[h].ask(req, self._payload(batch, progress))
             elif i == 0:
-                sender = threading.Thread(target=self._send_plain, args=(first, batch, progress), daemon=True)
+                sender = threading.Thread(target=self._send_relay, args=(first, batch, progress), daemon=True)
                 sender.start()
-                out = self.sessions[h].ask(dict(req, relay=True))
-                sender.join()
+                try:
+                    out = self.sessions[h].ask(dict(req, relay=True))
+                except BaseException:
+                    cut(first)  # (the sender never times out: it ends with the stream)
+                    raise
+                finally:
+                    sender.join()
             else:
                 out = self.sessions[h].ask(dict(req, relay=True))
             record(h, out, len(batch))
@@ -707,9 +765,9 @@ class Stager:
                 return hop(i)
             except Exception as e:  # noqa: BLE001 - reported per host
                 if i + 1 < len(hosts):  # the next host may still wait for this one: release it at once
+                    nxt = hosts[i + 1]
                     try:
-                        with socket.create_connection((hosts[i + 1], ports[hosts[i + 1]]), timeout=2) as poke:
-                            poke.sendall(f"abort {token}\n".encode())
+                        tls.connect(nxt, ports[nxt], ABORT + tokens[nxt].encode(), timeout=2).close()
                     except OSError:
                         pass
                 return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
@@ -719,10 +777,7 @@ class Stager:
             out = self.pool.map(lambda h: safe(at[h]), hosts, threads=len(hosts))
         except SubmitCancelled:
             if first is not None:  # and the first hop's direct stream: its sender stops, host 0 sees the end
-                try:
-                    first.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                cut(first)
             raise
         broken = {h: why for h, why in out.items() if why != "ok"}
         if broken:

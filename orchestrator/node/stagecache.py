@@ -17,6 +17,12 @@ A cached blob counts as present only while its stamp matches the file (a write i
 tree's hard link, changes mtime: it is re-sent and every tree linking it is rebuilt). Protocol: JSON request lines
 on stdin, one JSON reply line each on stdout; `put` is followed by the raw blob bytes, `get` is answered by raw
 bytes after its reply. Ops: hello, check, listen, put, build, list, get, exec (see `Server`).
+
+The relay (host-to-host fan-out of a `put`): each host opens a TCP port (`listen`) and the stream goes submitter ->
+host 0 -> host 1 -> ... Every hop is mutual TLS pinned to a certificate and key the submitter made for this stage only
+and sent to each host over its SSH session (`RelayTLS`); a peer then presents its hop's token. A port greets each peer
+on its own thread within RELAY_GREET_S, so strangers are dropped without delaying the real peer (`Listener`); sends
+never time out (a host may start reading late); every blob is still hashed on arrival.
 """
 
 import hashlib
@@ -27,6 +33,9 @@ import sys
 
 CHUNK = 1 << 20
 TREE_MARK = ".orchestrate-tree"
+RELAY_GREET_S = 5.0  # a peer of a relay port must finish TLS and present its greeting within this, or it is dropped
+RELAY_PENDING = 64  # greetings in progress at once on one relay port; one more drops the oldest
+PUT, ABORT = b"put   ", b"abort "  # a relay greeting: one of these and the hop's token (32 hex digits), 38 bytes
 
 
 def _stamp(st):
@@ -71,6 +80,223 @@ def versions(names):
             except OSError:
                 pass
     return out
+
+
+def _load_chain(ctx, pem, keydir):
+    """ssl loads a certificate and key only from a path: an anonymous memory file (/proc/self/fd/N, Linux) where there
+    is one, else a 0600 file in a fresh 0700 directory under `keydir` (the host's owner-only cache), removed at once."""
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create("orchestrate-relay", getattr(os, "MFD_CLOEXEC", 0))
+        try:
+            os.write(fd, pem.encode())
+            ctx.load_cert_chain("/proc/self/fd/%d" % fd)
+            return
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    import tempfile
+    d = tempfile.mkdtemp(prefix="relay-", dir=keydir)
+    try:
+        path = os.path.join(d, "relay.pem")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(pem)
+        ctx.load_cert_chain(path)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def cut(sock):
+    """Shut a connection down from another thread (its reader or writer wakes at once); the owner closes it."""
+    import socket
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _filler(tls):
+    """fill(view) -> how many bytes of the TLS stream were read into `view` (all of it but at the stream's end): TLS
+    records go straight into the buffer (no Python layers between a record and the buffer)."""
+    read = tls.read
+
+    def fill(view):
+        n, got = len(view), 0
+        while got < n:
+            k = read(n - got, view[got:])
+            if not k:
+                break
+            got += k
+        return got
+    return fill
+
+
+class RelayTLS:
+    """The stage's relay credentials: one self-signed certificate and its key, made by the submitter for this stage
+    only and given to each host over its SSH session. Every hop is mutual TLS pinned to that certificate: both ends
+    present it and accept no other, so a peer without the key can neither feed a host nor read what it sends."""
+
+    def __init__(self, cert, key, keydir=None):
+        import ssl
+        self.pin = ssl.PEM_cert_to_DER_cert(cert)
+        self.server = self._context(ssl.PROTOCOL_TLS_SERVER, cert, key, keydir)
+        self.client = self._context(ssl.PROTOCOL_TLS_CLIENT, cert, key, keydir)
+
+    @staticmethod
+    def _context(protocol, cert, key, keydir):
+        import ssl
+        ctx = ssl.SSLContext(protocol)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.check_hostname = False  # the pin names the peer, not a host name
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(cadata=cert)
+        if protocol == ssl.PROTOCOL_TLS_SERVER:
+            ctx.num_tickets = 0  # the sender never has anything to read: its close after the last byte is a clean end
+        _load_chain(ctx, cert + key, keydir)
+        return ctx
+
+    def pinned(self, tls):
+        if tls.getpeercert(binary_form=True) != self.pin:
+            raise ConnectionRefusedError("the relay peer presented another certificate")
+        return tls
+
+    def connect(self, host, port, greeting, timeout, handshake=None):
+        """A hop's sending end: TCP to host:port within `timeout`, TLS pinned to the stage's certificate (within
+        `handshake`, default `timeout`), then `greeting`. Sends then wait as long as the peer takes: a host that
+        starts reading late is no failure."""
+        import socket
+        raw = socket.create_connection((host, port), timeout=timeout)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        raw.settimeout(timeout if handshake is None else handshake)
+        try:
+            tls = self.client.wrap_socket(raw)
+        except BaseException:
+            raw.close()
+            raise
+        try:
+            self.pinned(tls).sendall(greeting)
+            tls.settimeout(None)
+            return tls
+        except BaseException:
+            tls.close()
+            raise
+
+
+class Listener:
+    """A relay port: each connecting peer is greeted on a thread of its own (TLS handshake, the pin, then the 38-byte
+    greeting, all within `greet_s`), so strangers that send garbage, send nothing or hold no key are dropped while the
+    port keeps accepting; the first peer presenting PUT + this hop's token is the stream (`peer_in`)."""
+
+    def __init__(self, bind, tls, token, greet_s=RELAY_GREET_S):
+        import socket
+        import threading
+        if len(token) != 32 or token.strip("0123456789abcdef"):
+            raise ValueError("a relay token is 32 hex digits")
+        self.tls, self.greet_s = tls, greet_s
+        self.want, self.stop = PUT + token.encode(), ABORT + token.encode()
+        self.sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET)
+        self.sock.bind((bind, 0))
+        self.sock.listen(RELAY_PENDING)
+        self.port = self.sock.getsockname()[1]
+        self.cond = threading.Condition()
+        self.pending = {}  # greetings in progress, oldest first
+        self.peer = None
+        self.aborted = self.closed = False
+        self.refused = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import threading
+        while True:
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            raw.settimeout(self.greet_s)
+            try:
+                tls = self.tls.server.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
+            except OSError:
+                raw.close()
+                continue
+            with self.cond:
+                if self.closed:
+                    tls.close()
+                    return
+                if len(self.pending) >= RELAY_PENDING:
+                    oldest = next(iter(self.pending))
+                    del self.pending[oldest]
+                    cut(oldest)
+                self.pending[tls] = None
+            threading.Thread(target=self._greet, args=(tls,), daemon=True).start()
+
+    def _greet(self, tls):
+        import time
+        deadline = time.monotonic() + self.greet_s
+        head = b""
+        try:
+            tls.do_handshake()  # (bounded as a whole by the socket's timeout)
+            self.tls.pinned(tls)
+            while len(head) < len(self.want):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                tls.settimeout(left)
+                data = tls.recv(len(self.want) - len(head))
+                if not data:
+                    break
+                head += data
+        except (OSError, ValueError):  # ssl.SSLError and timeouts are OSErrors
+            head = b""
+        with self.cond:
+            self.pending.pop(tls, None)
+            if head == self.want and self.peer is None and not self.closed:
+                tls.settimeout(None)
+                self.peer = tls
+                self.cond.notify_all()
+                return
+            if head == self.stop:
+                self.aborted = True
+                self.cond.notify_all()
+            else:
+                self.refused += 1
+        tls.close()
+
+    def peer_in(self, timeout):
+        """The connection of the peer that presented this hop's token, waited for up to
+        `timeout`; an `abort` greeting (the host before this one failed) gives up at once. The port is closed after."""
+        import time
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self.peer is None and not self.aborted and time.monotonic() < deadline:
+                self.cond.wait(deadline - time.monotonic())
+            peer, aborted, refused = self.peer, self.aborted, self.refused
+            if not aborted:
+                self.peer = None  # (kept from close(), which closes the rest)
+        self.close()
+        if aborted:
+            raise ConnectionAbortedError("relay aborted: the host before this one failed")
+        if peer is None:
+            raise TimeoutError("no relay peer within %gs (%d refused)" % (timeout, refused))
+        return peer
+
+    def close(self):
+        import socket
+        with self.cond:
+            if self.closed:
+                return
+            self.closed = True
+            pending, self.pending = list(self.pending), {}
+            peer, self.peer = self.peer, None
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        except OSError:
+            pass
+        self.sock.close()
+        for tls in pending:
+            cut(tls)
+        if peer is not None:
+            peer.close()
 
 
 class Server:
@@ -138,49 +364,16 @@ class Server:
                                               if not self.tree_ok(th, entries)]}
 
     def op_listen(self, req):
-        """Open a TCP port for a relayed `put` (host-to-host fan-out): the first line a peer sends must be `token`."""
-        import socket
-        self.listener = socket.socket(socket.AF_INET6 if ":" in req.get("bind", "") else socket.AF_INET)
-        self.listener.bind((req.get("bind", ""), 0))
-        self.listener.listen(1)
-        self.listener.settimeout(float(req.get("timeout", 30)))
-        self.token = req["token"]
-        return {"port": self.listener.getsockname()[1]}
-
-    def _relay_in(self):
-        """The peer that presents the token (a connection with another first line is dropped and the next awaited,
-        until the listen timeout); `abort <token>`: the previous host failed, give up at once."""
-        import socket
-        import time
-        deadline = time.monotonic() + self.listener.gettimeout()
-        try:
-            while True:
-                self.listener.settimeout(max(0.1, deadline - time.monotonic()))
-                conn, _ = self.listener.accept()
-                conn.settimeout(10)
-                rfile = conn.makefile("rb")
-                try:
-                    first = rfile.readline(200).strip()
-                except (OSError, socket.timeout):
-                    first = b""
-                if first == self.token.encode():
-                    conn.settimeout(None)
-                    return conn, rfile
-                rfile.close()  # (the file holds the socket open)
-                conn.close()
-                if first == b"abort " + self.token.encode():
-                    raise ConnectionAbortedError("relay aborted: the host before this one failed")
-        finally:
-            self.listener.close()
-
-    @staticmethod
-    def _relay_out(fwd):
-        import socket
-        out = socket.create_connection((fwd["host"], int(fwd["port"])), timeout=float(fwd.get("timeout", 10)))
-        out.settimeout(None)
-        out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        out.sendall(fwd["token"].encode() + b"\n")
-        return out
+        """Open this host's relay port for a relayed `put` (host-to-host fan-out; see `Listener`): TLS only, pinned to
+        the stage's one certificate and key (`tls`: {cert, key} PEM, arriving on this session's stdin, held in memory),
+        demanded of both ends; the peer must then present PUT and this hop's `token`."""
+        tls = req["tls"]
+        _mkdirs(os.path.join(self.root, "cache"))
+        self.relay_tls = RelayTLS(tls["cert"], tls["key"], os.path.join(self.root, "cache"))
+        self.listener = Listener(req.get("bind", ""), self.relay_tls, req["token"],
+                                 float(req.get("greet", RELAY_GREET_S)))
+        self.listen_timeout = float(req.get("timeout", 30))
+        return {"port": self.listener.port}
 
     def op_put(self, req):
         """Receive the raw bytes of the listed blobs, in order, from stdin (or, `relay`, from the peer that connected
@@ -188,35 +381,54 @@ class Server:
         `forward` {host, port, token}: pass every byte on to the next host as it arrives (one stream leaves the
         submitter; the hosts fan it out). A blob this host already holds is only passed on."""
         _mkdirs(self.blobs)
-        if not req.get("relay") and getattr(self, "listener", None) is not None:
-            self.listener.close()  # the stream comes over SSH after all
-        conn, src = self._relay_in() if req.get("relay") else (None, self.rin)
-        out = self._relay_out(req["forward"]) if req.get("forward") else None
+        listener, self.listener = getattr(self, "listener", None), None
+        if listener is not None and not req.get("relay"):
+            listener.close()  # the stream comes over SSH after all
+        conn = listener.peer_in(self.listen_timeout) if req.get("relay") else None
+        out = None
         try:
-            return self._receive(req["blobs"], src, out)
+            if req.get("forward"):
+                fwd = req["forward"]
+                out = self.relay_tls.connect(fwd["host"], int(fwd["port"]), PUT + fwd["token"].encode(),
+                                             float(fwd.get("timeout", 10)))
+            return self._receive(req["blobs"], self.rin.readinto if conn is None else _filler(conn), out)
         finally:
             for s in (out, conn):
                 if s is not None:
                     s.close()
 
-    def _receive(self, blobs, src, out):
+    def _receive(self, blobs, fill, out):
+        """The blobs' bytes, in order, read in pieces of up to CHUNK that span blobs (`fill`): each piece is passed
+        on first (`out`), then hashed and written blob by blob."""
         bad, got = [], 0
+        buf = memoryview(bytearray(CHUNK))
+        have = at = 0  # bytes in buf, of which consumed
+        stream = sum(size for _sha, size in blobs)  # still to read
         for sha, size in blobs:
+            path = self.blob(sha)
             keep = self.blob_ok(sha, size) is None
-            tmp = self.blob(sha) + ".part.%d" % os.getpid()
+            tmp = path + ".part.%d" % os.getpid()
             h = hashlib.sha256()
             left = size
-            with open(tmp if keep else os.devnull, "wb") as fh:
+            fh = open(tmp, "wb") if keep else None
+            try:
                 while left:
-                    data = src.read(min(CHUNK, left))
-                    if not data:
-                        raise EOFError("stream ended inside blob %s" % sha)
-                    if out is not None:
-                        out.sendall(data)
-                    if keep:
-                        h.update(data)
-                        fh.write(data)
-                    left -= len(data)
+                    if at == have:
+                        have, at = fill(buf[:min(CHUNK, stream)]), 0
+                        if not have:
+                            raise EOFError("stream ended inside blob %s" % sha)
+                        stream -= have
+                        if out is not None:
+                            out.sendall(buf[:have])
+                    piece = buf[at:at + min(left, have - at)]
+                    if fh is not None:
+                        h.update(piece)
+                        fh.write(piece)
+                    at += len(piece)
+                    left -= len(piece)
+            finally:
+                if fh is not None:
+                    fh.close()
             if not keep:
                 continue
             got += size
@@ -225,16 +437,16 @@ class Server:
                 bad.append(sha)
                 continue
             os.chmod(tmp, 0o400)
+            ok = path + ".ok"
             try:
-                os.unlink(self.blob(sha) + ".ok")
+                os.unlink(ok)
             except OSError:
                 pass
-            if os.path.exists(self.blob(sha)):
-                os.chmod(self.blob(sha), 0o600)
-            os.replace(tmp, self.blob(sha))
-            ok = self.blob(sha) + ".ok"
+            if os.path.exists(path):
+                os.chmod(path, 0o600)
+            os.replace(tmp, path)
             with open(ok + ".tmp", "w") as fh:
-                fh.write(_stamp(os.stat(self.blob(sha))))
+                fh.write(_stamp(os.stat(path)))
             os.replace(ok + ".tmp", ok)
         return {"bytes": got, "bad": bad}
 

@@ -8,8 +8,10 @@ reason, except under CI=true, where a missing prerequisite is a failure (as in t
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,11 +19,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 import sshd_hosts  # noqa: E402
-from private_hosts import private_down, private_up  # noqa: E402
+from private_hosts import host_read_bytes, private_down, private_up  # noqa: E402
 
 BASE_IP = os.environ.get("ORCHESTRATE_TEST_PRIVATE_BASE_IP", sshd_hosts.PRIVATE_BASE_IP)  # 127.0.13.2
 PORT = int(os.environ.get("ORCHESTRATE_TEST_PRIVATE_PORT", str(sshd_hosts.PRIVATE_PORT)))  # 2224
 N_HOSTS = 3  # 2 job nodes + 1 spare
+WORK = f"{sshd_hosts.HOST_WORK_AREA}/work"
 
 
 def pytest_collection_modifyitems(items):
@@ -52,3 +55,35 @@ def make_private_cluster(private_testbed):
     return make
 
 
+
+
+@pytest.fixture
+def stage_files(private_testbed):
+    """stage_files(src) -> (stager, tree, {host: HostStage}, push seconds): the files of directory `src` staged to
+    all 3 private hosts with the engine itself (launchers.ssh.stage: hello, push, close), then every host's staged
+    tree checked byte by byte against the local hashes."""
+    from launchers.ssh import stage as st
+    from launchers.ssh.transport import Pool
+    from orchestrator.core.spec import parse_cluster
+    tb = private_testbed
+
+    def stage(src: Path):
+        cluster = parse_cluster({"kind": "ssh", "accelerator": "cpu", "ssh": tb.ssh_block(hosts=tb.hosts)},
+                                source="<t>")
+        tree = st.make_tree("data", src, st.list_root(src), st.HashCache(None))
+        pool = Pool(cluster.ssh)
+        try:
+            s = st.Stager(pool, cluster.ssh, [tree], {}, ())
+            s.hello(list(tb.hosts))
+            t0 = time.monotonic()
+            facts = s.push()
+            took = time.monotonic() - t0
+            s.close()
+        finally:
+            pool.close()
+        for h in tb.hosts:
+            for rel, sha, _size, _mode in tree.entries:
+                got = hashlib.sha256(host_read_bytes(tb, h, f"{WORK}/cache/trees/{tree.sha}/{rel}")).hexdigest()
+                assert got == sha, (h, rel)
+        return s, tree, facts, took
+    return stage

@@ -183,36 +183,19 @@ def test_a_symlink_leaving_the_code_root_is_refused_before_any_host(private_test
     assert f"{code / 'leak.txt'}: refused: a symlink leaving {code}" in p.stderr, p.stderr
 
 
-def _stage_dir(tb, tmp_path, monkeypatch, n_bytes: int):
-    """A data dir staged to all 3 private hosts with the engine itself: (stager, its tree, the facts per host)."""
-    import os as _os
-
-    from orchestrator.core.spec import parse_cluster
-    from launchers.ssh import stage as st
-    from launchers.ssh.transport import Pool
+def _stage_dir(stage_files, tmp_path, n_bytes: int):
+    """4 random files of n_bytes in all under tmp_path/data (made once: a second call stages the same files again),
+    staged to all 3 private hosts (conftest's stage_files: every host's copy checked): (stager, tree, facts)."""
     src = tmp_path / "data"
-    if not src.exists():  # (a second call stages the same files again)
+    if not src.exists():
         src.mkdir()
         for i in range(4):
-            (src / f"part{i}.bin").write_bytes(_os.urandom(n_bytes // 4))
-    cluster = parse_cluster({"kind": "ssh", "accelerator": "cpu", "ssh": tb.ssh_block(hosts=tb.hosts)}, source="<t>")
-    tree = st.make_tree("data", src, st.list_root(src), st.HashCache(None))
-    pool = Pool(cluster.ssh)
-    try:
-        s = st.Stager(pool, cluster.ssh, [tree], {}, ())
-        s.hello(list(tb.hosts))
-        facts = s.push()
-        s.close()
-    finally:
-        pool.close()
-    for h in tb.hosts:
-        for rel, sha, _size, _mode in tree.entries:
-            assert _sha(host_read_bytes(tb, h, f"{WORK}/cache/trees/{tree.sha}/{rel}")) == sha, (h, rel)
-    return s, tree, facts
+            (src / f"part{i}.bin").write_bytes(os.urandom(n_bytes // 4))
+    return stage_files(src)[:3]
 
 
-def test_large_stages_fan_out_host_to_host(private_testbed, tmp_path, monkeypatch):
-    s, tree, facts = _stage_dir(private_testbed, tmp_path, monkeypatch, 12 << 20)
+def test_large_stages_fan_out_host_to_host(private_testbed, tmp_path, stage_files):
+    s, tree, facts = _stage_dir(stage_files, tmp_path, 12 << 20)
     assert s.relayed == {h: "ok" for h in private_testbed.hosts}, s.relayed
     assert all(f.sent_bytes == tree.size for f in facts.values())
 
@@ -222,7 +205,7 @@ def _staging_servers() -> list[int]:
     return processes(lambda cmd: b"\0serve\0" in cmd and WORK.encode() in cmd)
 
 
-def test_a_cancel_stops_a_relayed_push_at_once(private_testbed, tmp_path, monkeypatch):
+def test_a_cancel_stops_a_relayed_push_at_once(private_testbed, tmp_path, monkeypatch, stage_files):
     """A submit's Ctrl-C (the pool's cancel event) in the middle of a relayed push (the submitter -> host 0 -> host
     1 -> host 2, slowed down here to last seconds): the push stops within a poll, every host's staging server goes,
     and a later stage of the same files leaves every host byte-right (nothing half-written counts as staged)."""
@@ -263,10 +246,10 @@ def test_a_cancel_stops_a_relayed_push_at_once(private_testbed, tmp_path, monkey
         time.sleep(0.05)
     assert not _staging_servers(), "a host's staging server outlived the cancel"
     monkeypatch.undo()
-    _stage_dir(tb, tmp_path, monkeypatch, 12 << 20)  # the same files again: every host byte-right (it checks)
+    _stage_dir(stage_files, tmp_path, 12 << 20)  # the same files again: every host byte-right (it checks)
 
 
-def test_a_broken_relay_hop_falls_back_to_direct_sends(private_testbed, tmp_path, monkeypatch):
+def test_a_broken_relay_hop_falls_back_to_direct_sends(private_testbed, tmp_path, monkeypatch, stage_files):
     from launchers.ssh import stage as st
     ask = st.Session.ask
     victim = private_testbed.hosts[2]
@@ -277,7 +260,7 @@ def test_a_broken_relay_hop_falls_back_to_direct_sends(private_testbed, tmp_path
         return ask(self, req, payload)
     monkeypatch.setattr(st.Session, "ask", wrong_token)
     t0 = time.monotonic()
-    s, tree, facts = _stage_dir(private_testbed, tmp_path, monkeypatch, 12 << 20)
+    s, tree, facts = _stage_dir(stage_files, tmp_path, 12 << 20)
     # the victim drops the peer with the wrong token; the hop before it breaks and releases it at once
     assert s.relayed[victim] != "ok" and s.relayed[private_testbed.hosts[1]] != "ok", s.relayed
     assert "aborted" in s.relayed[victim], s.relayed
@@ -286,17 +269,37 @@ def test_a_broken_relay_hop_falls_back_to_direct_sends(private_testbed, tmp_path
     assert all(f.sent_bytes <= tree.size for f in facts.values()), {h: f.sent_bytes for h, f in facts.items()}
 
 
-def test_a_corrupted_file_in_a_hosts_cache_is_detected_and_sent_again_over_ssh(private_testbed, tmp_path, monkeypatch):
+def test_a_host_that_cannot_open_a_relay_port_gets_everything_straight_from_the_submitter(private_testbed, tmp_path,
+                                                                                          monkeypatch, stage_files):
+    """One host's `listen` fails (as on a host whose python has no ssl module): no relay at all, every host is sent
+    the files straight from the submitter (_stage_dir checks each host's copy)."""
+    from launchers.ssh import stage as st
+    ask = st.Session.ask
+    victim = private_testbed.hosts[1]
+
+    def no_ssl(self, req, payload=None):
+        if req.get("op") == "listen" and self.host == victim:
+            raise RuntimeError("ModuleNotFoundError: No module named '_ssl'")
+        return ask(self, req, payload)
+    monkeypatch.setattr(st.Session, "ask", no_ssl)
+    s, tree, facts = _stage_dir(stage_files, tmp_path, 12 << 20)
+    assert "no relay port" in s.relayed[victim] and "_ssl" in s.relayed[victim], s.relayed
+    assert all(why != "ok" for why in s.relayed.values()), s.relayed
+    assert all(f.sent_bytes == tree.size for f in facts.values())
+
+
+def test_a_corrupted_file_in_a_hosts_cache_is_detected_and_sent_again_over_ssh(private_testbed, tmp_path,
+                                                                                stage_files):
     """A staged file changed in place on one host (its blob, hence the tree's hard link to it): the next stage finds
     it, sends exactly that file to exactly that host, and every host's tree is byte-right again (_stage_dir checks)."""
     tb = private_testbed
-    _, tree, _ = _stage_dir(tb, tmp_path, monkeypatch, 64 << 10)
+    _, tree, _ = _stage_dir(stage_files, tmp_path, 64 << 10)
     rel, sha, size, _mode = tree.entries[1]
     victim = tb.hosts[1]
     host_run(tb, victim, ["sh", "-c", 'printf X | dd of="$1" bs=1 seek=100 conv=notrunc 2>/dev/null', "sh",
                           f"{WORK}/cache/blobs/{sha}"], check=True)
     assert _sha(host_read_bytes(tb, victim, f"{WORK}/cache/trees/{tree.sha}/{rel}")) != sha  # the tree sees it too
-    s, tree2, facts = _stage_dir(tb, tmp_path, monkeypatch, 64 << 10)
+    s, tree2, facts = _stage_dir(stage_files, tmp_path, 64 << 10)
     assert tree2.sha == tree.sha
     assert {h: f.sent_bytes for h, f in facts.items()} == {h: (size if h == victim else 0) for h in tb.hosts}
     assert facts[victim].sent_files == 1

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import closed_by_peer
 from orchestrator.errors import ConfigError
 from launchers.ssh import stage as st
 from orchestrator.node import stagecache
@@ -100,6 +101,162 @@ def test_host_cache_refuses_bad_content_and_paths(host):
         assert "refused manifest path" in out["error"], rel
     out = host.ask({"op": "build", "links": {"../../x": "t"}})
     assert "refused link" in out["error"]
+
+
+# ----------------------------------------------------------------------------------------- the relay's hops
+
+def test_a_relay_port_takes_only_the_stages_key_and_token_and_strangers_do_not_delay_the_real_peer(tmp_path):
+    """Mutual TLS pinned to the stage's certificate, then the hop's token: a stranger that sends garbage, one that
+    sends nothing, one without a client certificate, one with another stage's key and one with the key but the wrong
+    token are all dropped, each on its own thread; the real peer, connecting after all of them, is taken at once."""
+    import socket
+    import ssl
+    import time
+    cert, key = st.relay_credentials()
+    other_cert, other_key = st.relay_credentials()
+    tls = stagecache.RelayTLS(cert, key, str(tmp_path))
+    token = "ab" * 16
+    lst = stagecache.Listener("127.0.0.1", tls, token, greet_s=3.0)
+    addr = ("127.0.0.1", lst.port)
+    try:
+        idle = socket.create_connection(addr)
+        garbage = socket.create_connection(addr)
+        garbage.sendall(b"GET / HTTP/1.0\r\n\r\n" + os.urandom(4096))
+        no_cert = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        no_cert.check_hostname, no_cert.verify_mode = False, ssl.CERT_NONE
+        anon = no_cert.wrap_socket(socket.create_connection(addr))
+        try:  # (TLS 1.3: the client learns of the refusal of its missing certificate on its next read or write)
+            anon.sendall(stagecache.PUT + token.encode())
+        except OSError:
+            pass
+        with pytest.raises(OSError):  # another stage's key: the handshake or the next read fails
+            with stagecache.RelayTLS(other_cert, other_key, str(tmp_path)).connect(
+                    "127.0.0.1", lst.port, stagecache.PUT + token.encode(), timeout=3) as s:
+                s.settimeout(3)
+                s.recv(1)
+        wrong = tls.connect("127.0.0.1", lst.port, stagecache.PUT + b"cd" * 16, timeout=3)
+        t0 = time.monotonic()
+        real = tls.connect("127.0.0.1", lst.port, stagecache.PUT + token.encode(), timeout=3)
+        real.sendall(b"payload")
+        peer = lst.peer_in(10)
+        took = time.monotonic() - t0
+        assert peer.recv(7) == b"payload"
+        assert took < 2.0, took  # not held up by the idle stranger (greet_s = 3)
+        assert peer.getpeercert(binary_form=True) == tls.pin
+        for name, s in (("garbage", garbage), ("no certificate", anon), ("wrong token", wrong)):
+            assert closed_by_peer(s, 2.0), f"the {name} stranger is still connected"
+        assert closed_by_peer(idle, 2.0), "the idle stranger outlived the port"  # peer_in closed it and its greetings
+        assert lst.refused >= 3, lst.refused
+        with pytest.raises(OSError):  # the port is closed once the real peer is in
+            socket.create_connection(addr, timeout=1)
+        peer.close()
+    finally:
+        lst.close()
+
+
+def test_an_idle_stranger_is_dropped_after_the_greeting_time_and_an_abort_ends_the_wait(tmp_path):
+    import socket
+    import time
+    cert, key = st.relay_credentials()
+    tls = stagecache.RelayTLS(cert, key, str(tmp_path))
+    token = "0f" * 16
+    lst = stagecache.Listener("127.0.0.1", tls, token, greet_s=1.0)
+    try:
+        idle = socket.create_connection(("127.0.0.1", lst.port))
+        t0 = time.monotonic()
+        assert closed_by_peer(idle, 3.0)
+        assert 0.9 <= time.monotonic() - t0 < 3.0
+        with pytest.raises(TimeoutError, match="1 refused"):
+            lst.peer_in(0.3)
+    finally:
+        lst.close()
+    lst = stagecache.Listener("127.0.0.1", tls, token)
+    try:
+        tls.connect("127.0.0.1", lst.port, stagecache.ABORT + token.encode(), timeout=3).close()
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionAbortedError):
+            lst.peer_in(10)
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        lst.close()
+
+
+def test_relay_credentials_load_without_a_file_and_verify_under_strict_x509(tmp_path, monkeypatch):
+    """The key reaches ssl through an anonymous memory file (nothing written); where there is none, through a 0600
+    file in a 0700 directory under the given (owner-only) dir, removed at once. The certificate passes OpenSSL's
+    strict X.509 checks (Python 3.13's default)."""
+    import ssl
+    cert, key = st.relay_credentials()
+    tls = stagecache.RelayTLS(cert, key, str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+    seen = []
+    real = ssl.SSLContext.load_cert_chain
+
+    def spy(self, path, *a):
+        seen.append((path, oct(os.stat(path).st_mode & 0o777), oct(os.stat(os.path.dirname(path)).st_mode & 0o777)))
+        return real(self, path, *a)
+    monkeypatch.setattr(ssl.SSLContext, "load_cert_chain", spy)
+    monkeypatch.delattr(os, "memfd_create")
+    stagecache.RelayTLS(cert, key, str(tmp_path))
+    assert [s[0].startswith(str(tmp_path)) for s in seen] == [True, True] and {s[1:] for s in seen} == {
+        ("0o600", "0o700")}, seen
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    for ctx in (tls.server, tls.client):
+        ctx.verify_flags |= getattr(ssl, "VERIFY_X509_STRICT", 0)
+    lst = stagecache.Listener("127.0.0.1", tls, "12" * 16)
+    try:
+        tls.connect("127.0.0.1", lst.port, stagecache.PUT + b"12" * 16, timeout=3).close()
+        lst.peer_in(5).close()
+    finally:
+        lst.close()
+
+
+def _relay_put(host: Host, req: dict, out: dict, key: str) -> None:
+    out[key] = host.ask(req)
+
+
+def test_a_relayed_put_through_two_host_caches_survives_a_host_that_starts_reading_late(tmp_path):
+    """submitter -TLS-> host a -TLS-> host b, with host a's `put` sent 3 s after the submitter began sending (its
+    first hop's sends then wait on a full socket for seconds, as on a slow host): every byte arrives, hashed. The
+    stream (300 small blobs, then a large one) is read and passed on in pieces spanning blobs; a blob host a already
+    holds is only passed on."""
+    import threading
+    import time
+    cert, key = st.relay_credentials()
+    tls = stagecache.RelayTLS(cert, key, str(tmp_path))
+    parts = [os.urandom(5000 + i) for i in range(300)] + [os.urandom(24 << 20)]
+    data = b"".join(parts)
+    blobs = [[_sha(p), len(p)] for p in parts]
+    hosts = [Host(tmp_path / "a"), Host(tmp_path / "b")]
+    try:
+        held = parts[150]
+        assert hosts[0].ask({"op": "put", "blobs": [[_sha(held), len(held)]]}, held)["bytes"] == len(held)
+        tokens = ["a1" * 16, "b2" * 16]
+        ports = [h.ask({"op": "listen", "token": t, "tls": {"cert": cert, "key": key}})["port"]
+                 for h, t in zip(hosts, tokens, strict=True)]
+        out: dict = {}
+        tb = threading.Thread(target=_relay_put, args=(hosts[1], {"op": "put", "blobs": blobs, "relay": True}, out,
+                                                       "b"))
+        tb.start()
+        first = tls.connect("127.0.0.1", ports[0], stagecache.PUT + tokens[0].encode(), timeout=2)
+        sender = threading.Thread(target=first.sendall, args=(data,))
+        sender.start()
+        time.sleep(3)
+        assert sender.is_alive()  # blocked on host a, which has not started reading
+        _relay_put(hosts[0], {"op": "put", "blobs": blobs, "relay": True,
+                              "forward": {"host": "127.0.0.1", "port": ports[1], "token": tokens[1]}}, out, "a")
+        sender.join(10)
+        tb.join(10)
+        first.close()
+        assert out == {"a": {"bytes": len(data) - len(held), "bad": []}, "b": {"bytes": len(data), "bad": []}}, out
+        for h in ("a", "b"):
+            for p in parts:
+                assert (tmp_path / h / "cache/blobs" / _sha(p)).read_bytes() == p
+    finally:
+        for h in hosts:
+            h.p.kill()
+            h.p.wait()
 
 
 def test_list_root_excludes_secrets_and_refuses_escaping_symlinks(tmp_path):
