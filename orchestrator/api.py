@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator.errors import ConfigError, OrchestratorError, Problem, SubmitCancelled
+from orchestrator.errors import ConfigError, OrchestratorError, PreflightError, Problem, SubmitCancelled
 from launchers import launcher_for
-from orchestrator.node.rundir import RunDir
+from orchestrator.node.rundir import AttemptRecord, RunDir
 from orchestrator.supervise import RestartPolicy, Supervisor
 from orchestrator.types import JobHandle, JobResult, JobState, JobStatus, is_terminal
 from orchestrator.core.jobplan import LaunchPlan, needed_packages
@@ -42,6 +42,7 @@ class Prepared:
     cluster: ClusterSpec
     plan: LaunchPlan
     files: dict[str, str]
+    inputs: dict[str, Any] = dataclasses.field(default_factory=dict)  # prepare()'s arguments: how to re-plan it
 
 
 # ------------------------------------------------------------------------------------------- facts
@@ -396,15 +397,21 @@ def _python_for(cluster: ClusterSpec) -> str:
 def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | None = None,
             procs_per_node: int | None = None, profile: str | None = None, overrides: list[str] | None = None,
             cwd: Path | None = None, job_id: str | None = None, check_trainer: bool = True,
-            run_dir: str | None = None) -> Prepared:
+            run_dir: str | None = None, exclude: tuple[str, ...] = ()) -> Prepared:
     """Everything `render` shows and `submit` runs, without writing anything. `run_dir` overrides where the
-    run dir is (render: the output directory, so a rendered job.sbatch can be submitted by hand from it)."""
-    from orchestrator.core.spec import RunJobSpec, fields_key
+    run dir is (render: the output directory, so a rendered job.sbatch can be submitted by hand from it).
+    `exclude`: hosts the job must not use (bad hosts taken out by the restart policy: SSH plans with the hosts left,
+    SLURM submits with --exclude)."""
+    from orchestrator.core.spec import RunJobSpec, fields_key, without_hosts
     from orchestrator.trlfields import trainer_defaults, trl_commands
     cwd = Path(cwd or os.getcwd())
+    inputs = dict(recipe_path=recipe_path, cluster_path=cluster_path, nodes=nodes, procs_per_node=procs_per_node,
+                  profile=profile, overrides=list(overrides or []), cwd=cwd, check_trainer=check_trainer,
+                  run_dir=run_dir, exclude=tuple(exclude))
     flags = {"nodes": nodes, "procs_per_node": procs_per_node, "profile": profile}
     recipe, cluster = load(recipe_path, cluster_path, flags=flags, overrides=overrides,
                            trainer_fields=trainer_fields if check_trainer else None, trl_commands=trl_commands)
+    cluster = without_hosts(cluster, exclude)
     recipe = resolve_paths(recipe, cwd)
     _check_container_files(recipe, cluster)
     _check_notify_env(recipe)
@@ -440,7 +447,30 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
     files = render_files(plan, host_recipe.to_dict())
     files.update(stage_files)
     files.update(launcher_for(cluster).prepare(plan).files)  # e.g. the standalone job.sbatch (pure prepare)
-    return Prepared(recipe=recipe, cluster=cluster, plan=plan, files=files)
+    return Prepared(recipe=recipe, cluster=cluster, plan=plan, files=files, inputs=inputs)
+
+
+def replan(prepared: Prepared, exclude: str) -> Prepared:
+    """The same job (same id, run dir, inputs) planned again without host `exclude` (and those taken out before):
+    on SSH the next spare takes its place (new machine ranks, main address, per-node configs, staging to it); on
+    SLURM the next allocation excludes it."""
+    inputs = dict(prepared.inputs)
+    inputs["exclude"] = tuple(inputs.get("exclude") or ()) + (exclude,)
+    return prepare(**inputs, job_id=prepared.plan.job_id)
+
+
+def spares_left(prepared: Prepared) -> int | None:
+    """Hosts left to replace a bad one: SSH, the cluster's hosts beyond the nodes the job uses (those taken out
+    already gone from the list); SLURM, the partition's nodes beyond the job's and the excluded ones (sinfo); None
+    where hosts cannot be replaced (the local backend) or SLURM cannot tell."""
+    c, nodes = prepared.cluster, prepared.plan.nodes
+    if c.kind == "ssh" and c.ssh is not None:
+        return len(c.ssh.hosts) - nodes
+    if c.kind == "slurm" and c.slurm is not None:
+        from launchers.slurm.launcher import partition_nodes
+        known = partition_nodes(c.slurm.partition)
+        return None if known is None else len(set(known) - set(c.slurm.exclude)) - nodes
+    return None
 
 
 def _check_container_files(recipe, cluster: ClusterSpec) -> None:
@@ -528,15 +558,40 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
             if sup.cancel.is_set():  # cancelled between attempts (or before the first started)
                 result = JobResult(JobState.CANCELLED, 130, sup.cancel_reason)
                 break
-            result = _run_once(prepared, launcher, sup, store, rd, attempt, emit)
+            try:
+                result = _run_once(prepared, launcher, sup, store, rd, attempt, emit)
+            except PreflightError as e:  # hosts that cannot run the job: spares take their place before the start
+                spares = spares_left(prepared) if e.bad_hosts else None
+                if spares is None or spares < len(e.bad_hosts) or len(e.bad_hosts) < len({p.where for p in e.problems}):
+                    if e.bad_hosts:
+                        why = str(e) + ("" if spares is None else f" (no spare host left to replace "
+                                                                  f"{', '.join(sorted(e.bad_hosts))})")
+                        store.update(plan.job_id, JobState.FAILED, detail=why[:500], root_cause=why[:500])
+                        if spares is not None:
+                            gone = ", ".join(sorted(e.bad_hosts))
+                            left = Problem("ssh.hosts", f"no spare host left to replace {gone}")
+                            raise PreflightError(e.problems + [left], source=e.source) from None
+                    raise
+                for host, why in e.bad_hosts.items():
+                    rd.append_attempt(AttemptRecord(t=time.time(), attempt=attempt, decision="replace",
+                                                    reason=f"pre-flight: {why} -> replaced by a spare before the start",
+                                                    host=host, kind="preflight", exclude=host))
+                    prepared = replan(prepared, host)
+                plan = _replanned(prepared, rd, sup, emit, sorted(e.bad_hosts))
+                continue
             if result.state in (JobState.COMPLETED, JobState.CANCELLED, JobState.RUNNING) or sup.cancel.is_set():
                 break  # RUNNING: detached, the backend runs it on (status / ls ask it and record its end)
-            ok, why = policy.record(rd, attempt, result.root_cause, counted=attempt)
-            if not ok:
-                if plan.health.max_restarts:
+            d = policy.record(rd, attempt, result.root_cause, counted=attempt, culprit_host=result.culprit_host,
+                              culprit_kind=result.culprit_kind, spares=spares_left(prepared))
+            why = d.why
+            if not d.restart:
+                if plan.health.max_restarts or "no spare host" in why:
                     result = dataclasses.replace(result, root_cause=f"{result.root_cause} ({why})")
                 break
             attempt += 1
+            if d.exclude:
+                prepared = replan(prepared, d.exclude)
+                plan = _replanned(prepared, rd, sup, emit, [d.exclude])
             store.update(plan.job_id, JobState.RESTARTING, detail=f"{why}: {result.root_cause}"[:2000],
                          restarts=restart_count(rd))
             if notifier is not None:
@@ -567,6 +622,18 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
             notifier.finished(result)
         notifier.close()
     return result
+
+
+def _replanned(prepared: Prepared, rd: RunDir, sup: Supervisor, emit, excluded: list[str]) -> LaunchPlan:
+    """The run dir and the supervisor take the re-planned job (the hosts taken out gone, spares in); the caller is
+    told ("replanned": the new node -> host map, for its output prefixes)."""
+    from orchestrator.core.spec import cluster_to_dict
+    write_files(dict(prepared.files, **{RunDir.CLUSTER: json.dumps(cluster_to_dict(prepared.cluster), indent=2,
+                                                                   sort_keys=True) + "\n"}), rd.root)
+    sup.plan = prepared.plan
+    emit("replanned", {"job_id": prepared.plan.job_id, "excluded": excluded,
+                       "hosts": {n.node_rank: n.host for n in prepared.plan.node_plans}})
+    return prepared.plan
 
 
 def _notifier(prepared: Prepared, rd: RunDir, sup: Supervisor, on_event):
@@ -613,7 +680,8 @@ def _run_once(prepared: Prepared, launcher, sup: Supervisor, store, rd: RunDir, 
     except SubmitCancelled as e:  # Ctrl-C / cancel while the backend was still starting it: nothing runs
         return JobResult(JobState.CANCELLED, 130, sup.cancel_reason or str(e))
     except Exception as e:
-        store.update(plan.job_id, JobState.FAILED, detail=str(e)[:500], root_cause=str(e)[:500])
+        if not getattr(e, "bad_hosts", None):  # (hosts a spare may replace: the caller decides, and records)
+            store.update(plan.job_id, JobState.FAILED, detail=str(e)[:500], root_cause=str(e)[:500])
         raise
     store.update(plan.job_id, JobState.RUNNING, handle=running.handle.uri)
     try:

@@ -75,4 +75,12 @@ class SubmitCancelled(OrchestratorError):
 
 
 class PreflightError(ConfigError):
-    """A host or cluster is not usable (unreachable, bad key, no python...). Exit 2, nothing started."""
+    """A host or cluster is not usable (unreachable, bad key, no python...). Exit 2, nothing started.
+    `bad_hosts` {host: why}: the problems that a spare host could fix (the host cannot run the job; not a setting
+    that is wrong everywhere): the api replaces those hosts when the cluster has spares (docs/CONTRACT.md "Bad
+    nodes")."""
+
+    def __init__(self, problems: list[Problem] | Problem | str, source: str | None = None,
+                 bad_hosts: dict[str, str] | None = None):
+        super().__init__(problems, source=source)
+        self.bad_hosts = dict(bad_hosts or {})

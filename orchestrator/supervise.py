@@ -54,6 +54,15 @@ def last_exception(text: str) -> tuple[int | None, str] | None:
     return (int(r) if r is not None else None), e
 
 
+def culprit_rank(stalls: list, stopped: dict[int, int]) -> int:
+    """The rank a hang verdict names (HealthMonitor.culprit's choice): a stalled rank found stopped, else the lowest
+    stopped one, else the longest silent."""
+    for x in stalls:
+        if x.rank in stopped:
+            return x.rank
+    return min(stopped) if stopped else stalls[0].rank
+
+
 def describe_code(code: int | None) -> str:
     if code is None:
         return "unknown exit"
@@ -118,9 +127,21 @@ def stopped_by_us(end: NodeEnded, torn_down_at: float | None) -> bool:
     return end.record.time > torn_down_at + STOPPED_BY_US
 
 
+GPU_REFUSAL = "PreflightError: GPU health"  # how a node agent refuses a node whose GPUs failed the health check
+
+
+def culprit_of(end: NodeEnded) -> str:
+    """How a failed node's end is attributable to its host: lost (gone, no record), health (its agent refused its
+    GPUs), crash (a rank of it failed)."""
+    if end.lost and end.record is None:
+        return "lost"
+    return "health" if GPU_REFUSAL in (end.tail or "") else "crash"
+
+
 def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str | None, cancel: str | None,
-          scheduler: SchedulerEnd | None = None, max_step: int | None = None) -> JobResult:
-    """The outcome of one attempt. Pure: what ended how, when we began tearing down, and why."""
+          scheduler: SchedulerEnd | None = None, max_step: int | None = None, hang_host: str = "") -> JobResult:
+    """The outcome of one attempt. Pure: what ended how, when we began tearing down, and why; for a failure, the host
+    it is attributable to (`hang_host`: the hung rank's, named by the caller), which the restart policy may exclude."""
     nodes = tuple(NodeExit(node_rank=e.node, host=e.host,
                            returncode=e.record.returncode if e.record else e.returncode,
                            signal=e.record.signal if e.record else None, log_tail=e.tail)
@@ -129,9 +150,13 @@ def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str |
         return JobResult(JobState.CANCELLED, 130, cancel, nodes, max_step)
     node_hangs = sorted((e.record.hang for e in ends.values() if e.record and e.record.hang),
                         key=lambda text: "is stopped" not in text)
-    hang = hang or (node_hangs[0] if node_hangs else None)
+    if not hang and node_hangs:  # a node agent judged the hang (SLURM): its node holds the culprit when it says so
+        hang = node_hangs[0]
+        hang_host = next((e.host for e in ends.values() if e.record and e.record.hang == hang and
+                          "is stopped" in hang), "")
     if hang:
-        return JobResult(JobState.FAILED, 124, hang, nodes, max_step, hung=True)
+        return JobResult(JobState.FAILED, 124, hang, nodes, max_step, hung=True, culprit_host=hang_host,
+                         culprit_kind="hang" if hang_host else "")
     if scheduler is not None and scheduler.state == JobState.CANCELLED:
         return JobResult(JobState.CANCELLED, 130, scheduler.reason, nodes, max_step)
     bad = [e for e in ends.values() if failed(e)]
@@ -150,7 +175,8 @@ def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str |
     if scheduler is not None and scheduler.reason and scheduler.state == JobState.FAILED and root.lost:
         text = f"{scheduler.reason}; {text}"
     code = (root.record.returncode if root.record else root.returncode) or 1
-    return JobResult(JobState.FAILED, code if code > 0 else 1, text, nodes, max_step)
+    return JobResult(JobState.FAILED, code if code > 0 else 1, text, nodes, max_step, culprit_host=root.host or "",
+                     culprit_kind=culprit_of(root) if root.host else "")
 
 
 # ------------------------------------------------------------------------------------------------ the supervisor
@@ -193,6 +219,7 @@ class Supervisor:
         torn_down_at: float | None = None
         teardown_mono: float | None = None
         hang: str | None = None
+        hang_host = ""
         cancel: str | None = None
         next_check = 0.0
 
@@ -232,7 +259,9 @@ class Supervisor:
                         next_check = now + every
                         stalls = [s for s in monitor.stalls(now) if s.silent_s > s.limit_s + hang_margin]
                         if stalls:
-                            hang = monitor.culprit(stalls, job.stopped_ranks(self.plan.health.stack_dumps), now)
+                            stopped = job.stopped_ranks(self.plan.health.stack_dumps)
+                            hang = monitor.culprit(stalls, stopped, now)
+                            hang_host = self._host_of(job, culprit_rank(stalls, stopped))
                             if self.plan.health.stack_dumps:
                                 hang += "; stacks in RUN_DIR/stacks/" + (" on each host" if len(set(job.nodes.values()))
                                                                          > 1 else "")
@@ -252,40 +281,82 @@ class Supervisor:
         finally:
             job.close()
         max_step = max((st.step for st in monitor.snapshot()), default=None)
-        return judge(ends, torn_down_at=torn_down_at, hang=hang, cancel=cancel, scheduler=scheduler, max_step=max_step)
+        return judge(ends, torn_down_at=torn_down_at, hang=hang, cancel=cancel, scheduler=scheduler, max_step=max_step,
+                     hang_host=hang_host)
+
+    def _host_of(self, job: Running, rank: int) -> str:
+        """The host of a global rank's node, as the job names it (the cluster file's host, SLURM's node)."""
+        node = rank // max(1, self.plan.procs_per_node)
+        return job.nodes.get(node) or (self.plan.node(node).host if node < len(self.plan.node_plans) else "")
 
 
 # ------------------------------------------------------------------------------------------------ restarts
 
+EXCLUDE_AT_ONCE = ("lost", "health", "straggler")  # a host that did this is taken out at the first time
+EXCLUDE_IF_REPEATED = ("crash", "hang")  # ... and one whose rank crashed or hung twice in a row
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What RestartPolicy decided after an attempt: restart or stop, why, and the host to take out first."""
+
+    restart: bool
+    why: str
+    exclude: str = ""
+
+
 @dataclass(frozen=True)
 class RestartPolicy:
-    """One restart budget and one crash-loop rule, for every backend and for SLURM requeues alike: at most
-    `max_restarts` restarts (health.max_restarts), and a restart is not repeated when the attempt after the previous
-    restart made no progress (the furthest global step did not move)."""
+    """One restart budget, one crash-loop rule and one bad-host rule, for every backend and for SLURM requeues alike.
+
+    - At most `max_restarts` restarts (health.max_restarts).
+    - A restart is not repeated when the attempt after the previous restart made no progress (the furthest global
+      step did not move), unless a host was replaced since (a new set of hosts is a new configuration).
+    - A failure attributable to a host (JobResult.culprit_host / culprit_kind) takes that host out of the job where
+      the backend can replace it (`spares`: hosts left to take its place; None: this backend cannot replace hosts,
+      the local one): at once when it was lost, failed its GPU health check or was a straggler under
+      `restart_without`; when its rank crashed or hung, the second time in a row on that host. No spare left: stop,
+      saying so (docs/CONTRACT.md "Bad nodes")."""
 
     max_restarts: int
 
-    def decide(self, history: list[AttemptRecord], step: int | None, counted: int = 0) -> tuple[bool, str]:
+    def decide(self, history: list[AttemptRecord], step: int | None, counted: int = 0, culprit_host: str = "",
+               culprit_kind: str = "", spares: int | None = None) -> Decision:
         """`counted`: restarts known from elsewhere (SLURM_RESTART_COUNT), whichever is more wins."""
         done = [h for h in history if h.decision == "restart"]
         n = max(len(done), counted)
+        exclude = ""
+        if culprit_host and spares is not None:
+            repeated = bool(history) and history[-1].host == culprit_host and history[-1].kind in EXCLUDE_IF_REPEATED
+            if culprit_kind in EXCLUDE_AT_ONCE or (culprit_kind in EXCLUDE_IF_REPEATED and repeated):
+                if spares <= 0:
+                    return Decision(False, f"{culprit_host} is bad ({culprit_kind}"
+                                           f"{', again' if repeated else ''}) and no spare host is left to replace it")
+                exclude = culprit_host
         if n >= self.max_restarts:
-            return False, (f"restart budget spent ({n} of health.max_restarts={self.max_restarts})"
-                           if self.max_restarts else "restarts are off (health.max_restarts=0)")
-        if done and (step is None or (done[-1].step is not None and step <= done[-1].step)):
-            return False, (f"crash loop: no progress since the last restart (global step {step}, was "
-                           f"{done[-1].step}); not restarting")
-        return True, f"restart {n + 1}/{self.max_restarts} from the latest checkpoint (global step {step})"
+            return Decision(False, f"restart budget spent ({n} of health.max_restarts={self.max_restarts})"
+                            if self.max_restarts else "restarts are off (health.max_restarts=0)")
+        replaced = bool(exclude) or (bool(done) and bool(done[-1].exclude))
+        if done and not replaced and (step is None or (done[-1].step is not None and step <= done[-1].step)):
+            return Decision(False, f"crash loop: no progress since the last restart (global step {step}, was "
+                                   f"{done[-1].step}); not restarting")
+        if exclude:
+            return Decision(True, f"restart {n + 1}/{self.max_restarts} without {exclude} ({culprit_kind}"
+                                  f"{', twice in a row' if culprit_kind in EXCLUDE_IF_REPEATED else ''}), a spare "
+                                  f"in its place, from the latest checkpoint (global step {step})", exclude)
+        return Decision(True, f"restart {n + 1}/{self.max_restarts} from the latest checkpoint (global step {step})")
 
     def record(self, run_dir: RunDir, attempt: int, cause: str, *, by: str = "supervisor",
-               slurm_job_id: str = "", counted: int = 0) -> tuple[bool, str]:
+               slurm_job_id: str = "", counted: int = 0, culprit_host: str = "", culprit_kind: str = "",
+               spares: int | None = None) -> Decision:
         """Decide after `attempt` ended because of `cause`, and append the decision to RUN_DIR/restarts.jsonl."""
         step = run_dir.furthest_step()
-        ok, why = self.decide(run_dir.attempts(), step, counted)
+        d = self.decide(run_dir.attempts(), step, counted, culprit_host, culprit_kind, spares)
         try:
-            run_dir.append_attempt(AttemptRecord(t=time.time(), attempt=attempt, decision="restart" if ok else "stop",
-                                                 reason=f"{cause} -> {why}" if cause else why, step=step, by=by,
-                                                 slurm_job_id=slurm_job_id))
+            run_dir.append_attempt(AttemptRecord(t=time.time(), attempt=attempt, decision="restart" if d.restart
+                                                 else "stop", reason=f"{cause} -> {d.why}" if cause else d.why,
+                                                 step=step, by=by, slurm_job_id=slurm_job_id, host=culprit_host,
+                                                 kind=culprit_kind, exclude=d.exclude))
         except OSError:
             pass
-        return ok, why
+        return d

@@ -84,6 +84,10 @@ class JobResult:
     max_step: int | None = None  # the furthest training step any rank reported (restart progress)
     hung: bool = False
     restarts: int = 0
+    # The host the failure is attributable to, and how (lost | health | crash | hang | straggler): what the restart
+    # policy needs to take a bad host out of the job (docs/CONTRACT.md "Bad nodes"); "" when none is.
+    culprit_host: str = ""
+    culprit_kind: str = ""
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,8 @@ class SlurmLauncher:
             params["gpus_per_node"] = s.gpus_per_node
         if s.exclusive:
             params["exclusive"] = True
+        if s.exclude:
+            params["exclude"] = ",".join(s.exclude)
         if s.setup:
             params["setup"] = list(s.setup)
         return params
@@ -331,6 +333,21 @@ def parse_gres_gpus(gres: str) -> int:
         if parts and parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
             total += int(parts[-1])
     return total
+
+
+def partition_nodes(partition: str | None = None) -> list[str] | None:
+    """The nodes of a partition (the default one when None) that are not down or drained, from sinfo; None when
+    sinfo cannot tell."""
+    argv = ["sinfo", "-h", "-N", "-o", "%N %t"] + (["-p", partition] if partition else [])
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    bad = ("down", "drain", "drng", "fail", "maint", "boot", "unk")
+    return sorted({w[0] for w in (ln.split() for ln in r.stdout.splitlines()) if len(w) >= 2 and
+                   not w[1].rstrip("*~#!%$@^-").startswith(bad)})
 
 
 def gres_gpus(partition: str | None = None) -> dict[str, int]:

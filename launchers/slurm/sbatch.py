@@ -84,6 +84,8 @@ def sbatch_options(plan: LaunchPlan, slurm: Any, run_dir: str) -> list[tuple[str
         opts.append(("constraint", slurm.constraint))
     if slurm.exclusive:
         opts.append(("exclusive", True))
+    if slurm.exclude:
+        opts.append(("exclude", ",".join(slurm.exclude)))
     opts += [("output", f"{run_dir}/slurm-%j.out"), ("open-mode", "append"),
              ("signal", f"B:{SIGNAL}@{slurm.signal_lead_s}"), ("requeue", True)]
     opts += [extra_option(a) for a in slurm.extra_sbatch]

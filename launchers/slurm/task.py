@@ -31,8 +31,9 @@ def may_requeue(run_dir: Path, restart_count: int, max_restarts: int, job_id: st
     """The preempted run may be requeued? RestartPolicy's decision, recorded in RUN_DIR/restarts.jsonl."""
     from orchestrator.node.rundir import RunDir
     from orchestrator.supervise import RestartPolicy
-    return RestartPolicy(max_restarts).record(RunDir(run_dir), restart_count, "preempted (SLURM signal)",
-                                              by="slurm-requeue", slurm_job_id=job_id, counted=restart_count)
+    d = RestartPolicy(max_restarts).record(RunDir(run_dir), restart_count, "preempted (SLURM signal)",
+                                           by="slurm-requeue", slurm_job_id=job_id, counted=restart_count)
+    return d.restart, d.why
 
 
 def note_external_requeue(run_dir: Path, restart_count: int, job_id: str) -> None:

@@ -373,6 +373,7 @@ class SlurmSpec:
     signal_lead_s: int = 120
     max_restarts: int = 3
     extra_sbatch: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()  # nodes never to use (sbatch --exclude); bad nodes the restart policy takes out join
 
 
 @dataclass(frozen=True)
@@ -730,6 +731,19 @@ def parse_cluster(data: dict[str, Any], source: str = "<cluster>") -> ClusterSpe
     name = raw.get("name") or (Path(source).stem if source.endswith((".yaml", ".yml")) else kind)
     return replace(spec, name=name, source=source, ssh=spec.ssh if kind == "ssh" else None,
                    slurm=(spec.slurm or SlurmSpec()) if kind == "slurm" else None)
+
+
+def without_hosts(cluster: ClusterSpec, hosts: tuple[str, ...] | list[str]) -> ClusterSpec:
+    """The cluster with `hosts` taken out: an SSH cluster's list (order kept: the next host is the spare that moves
+    in), a SLURM cluster's `slurm.exclude`."""
+    if not hosts:
+        return cluster
+    if cluster.ssh is not None:
+        return replace(cluster, ssh=replace(cluster.ssh, hosts=tuple(h for h in cluster.ssh.hosts if h not in hosts)))
+    if cluster.slurm is not None:
+        return replace(cluster, slurm=replace(cluster.slurm, exclude=tuple(dict.fromkeys((*cluster.slurm.exclude,
+                                                                                         *hosts)))))
+    return cluster
 
 
 def with_hosts(cluster: ClusterSpec, hosts: list[str]) -> ClusterSpec:

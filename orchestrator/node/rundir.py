@@ -102,6 +102,9 @@ class AttemptRecord:
     step: int | None = None  # the furthest global step reached so far
     by: str = "supervisor"  # supervisor | slurm-requeue
     slurm_job_id: str = ""
+    host: str = ""  # the host the attempt's failure is attributable to ("" when none is)
+    kind: str = ""  # how: lost | health | crash | hang | straggler
+    exclude: str = ""  # the host this decision takes out of the job (the next attempt runs without it)
 
 
 class RunDir:
@@ -221,6 +224,11 @@ class RunDir:
 
     def append_attempt(self, rec: AttemptRecord) -> None:
         self.append_line(self.RESTARTS, json.dumps(asdict(rec), sort_keys=True))
+
+    def excluded(self) -> dict[str, str]:
+        """Hosts taken out of the job, with why (from restarts.jsonl, and the pre-flight's replacements)."""
+        out = {a.exclude: a.reason for a in self.attempts() if a.exclude}
+        return out
 
     def request_cancel(self, by: str) -> None:
         self.write_json(self.CANCEL, {"by": by, "t": time.time()})
