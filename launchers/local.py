@@ -44,12 +44,19 @@ class LocalLauncher:
                                   env={}, secret_env=plan.secret_env) for n in plan.node_plans)
         extra = {"container": plan.container.to_dict(), "needed": list(plan.needed())} \
             if plan.container is not None else {}
+        if plan.accelerator == "gpu":  # this machine's GPUs the job binds, judged before any node starts
+            used = sorted({int(g) for n in plan.node_plans for g in n.env.get("CUDA_VISIBLE_DEVICES", "").split(",")
+                           if g.strip().isdigit()})
+            extra["gpu_check"] = {"policy": plan.health.gpu_check, "diag": plan.health.gpu_diag == "dcgm",
+                                  "used": used or None}
         return Submission(kind=self.kind, run_dir=plan.run_dir, nodes=nodes, extra=extra)
 
     def submit(self, submission: Submission, run_dir: RunDir, cancel: threading.Event | None = None) -> "LocalJob":
         """Starts every node agent at once (nothing to cancel part-way: the supervisor stops them). A container job
         first checks this machine for it (runtime, image, mounts, the stack in the image): PreflightError, nothing
         started."""
+        if submission.extra.get("gpu_check"):
+            gpu_preflight(submission.extra["gpu_check"], run_dir)
         if submission.extra.get("container"):
             from orchestrator.core.container import ContainerPlan
             from orchestrator.errors import PreflightError
@@ -202,3 +209,23 @@ class _LogFile:
                 self.fh.close()
             except OSError:
                 pass
+
+
+def gpu_preflight(want: dict, run_dir: RunDir) -> None:
+    """This machine's GPUs that a local job binds, judged by the one set of rules (orchestrator.core.gpuhealth) under
+    health.gpu_check: a refusal (fail, or exclude_host: one machine has no spare) is a PreflightError naming GPU,
+    field and value; warn prints the findings and the job starts. Recorded in RUN_DIR/gpu_health.json."""
+    import sys
+    from orchestrator.core.gpuhealth import judge, verdict
+    from orchestrator.errors import PreflightError, Problem
+    from orchestrator.node import gpus
+    used = tuple(want["used"]) if want.get("used") else None
+    findings = judge("localhost", gpus.health(diag=bool(want.get("diag"))), used, bool(want.get("diag")))
+    refused, warned, excluded = verdict(findings, str(want.get("policy") or "fail"))
+    run_dir.write_json("gpu_health.json", {"localhost": {"findings": [f.text() for f in findings],
+                                                         "excluded": bool(excluded)}})
+    bad = refused + [f for f in warned if f.host in excluded]
+    if bad:
+        raise PreflightError([Problem("localhost", f.text()) for f in bad])
+    for f in warned:
+        print(f"orchestrate: warning: GPU health (health.gpu_check: warn): localhost: {f.text()}", file=sys.stderr)

@@ -81,9 +81,10 @@ class SSHLauncher:
                  "workdirs": {n.node_rank: self._workdir(n.host) for n in nodes},
                  "deepspeed": plan.distributed_type == "DEEPSPEED",
                  "container": plan.container.to_dict() if plan.container is not None else None}
-        if plan.accelerator == "gpu":  # what the pre-flight compares with each host's GPUs (gpu_problems)
+        if plan.accelerator == "gpu":  # what the pre-flight compares with each host's GPUs (gpu_problems, gpu_health)
             extra["gpus"] = {"procs_per_node": plan.procs_per_node, "gpu_ids": list(plan.gpu_ids),
-                             "allow_idle": plan.allow_idle_gpus, "declared": getattr(self.ssh, "gpus_per_node", None)}
+                             "allow_idle": plan.allow_idle_gpus, "declared": getattr(self.ssh, "gpus_per_node", None),
+                             "gpu_check": plan.health.gpu_check, "gpu_diag": plan.health.gpu_diag}
         return Submission(kind="ssh", run_dir=plan.run_dir, nodes=tuple(nodes), files={}, extra=extra)
 
     # ------------------------------------------------------------------ pre-flight
@@ -143,13 +144,28 @@ class SSHLauncher:
             return dict(out, chan=chan)
 
         results = pool.map(probe, list(by_host))
+        bad_hosts: dict[str, str] = {}  # what a spare host could fix (the host itself cannot run the job)
         for host, res in results.items():
             if isinstance(res, HostError):
                 problems.append(Problem(host, res.cause))
+                bad_hosts[host] = res.cause
             elif isinstance(res, Exception):
                 problems.append(Problem(host, f"{type(res).__name__}: {res}"))
+                bad_hosts[host] = f"{type(res).__name__}: {res}"
         if not problems and sub.extra.get("gpus"):
-            problems.extend(gpu_problems(sub.extra["gpus"], {h: r["probe"] for h, r in results.items()}))
+            probes = {h: r["probe"] for h, r in results.items()}
+            problems.extend(gpu_problems(sub.extra["gpus"], probes))
+            health = gpu_health(sub.extra["gpus"], probes)
+            if health is not None:
+                refused, warned, excluded = health
+                problems.extend(Problem(f.host, f.text()) for f in refused + [w for w in warned if w.host in excluded])
+                bad_hosts.update({h: "; ".join(f.text() for f in warned if f.host == h) for h in excluded})
+                for f in warned:
+                    if f.host not in excluded:
+                        logger.warning("GPU health (health.gpu_check: warn): %s: %s", f.host, f.text())
+                local.write_json("gpu_health.json", {h: {"findings": [f.text() for f in warned + refused
+                                                                      if f.host == h],
+                                                         "excluded": h in excluded} for h in probes})
         checks = {h: r["probe"]["container"] for h, r in results.items() if isinstance(r, dict)
                   and "container" in r["probe"]}
         if not problems and checks:
@@ -160,7 +176,7 @@ class SSHLauncher:
             for session in list((sessions or {}).values()):
                 session.close()
             pool.close()
-            raise PreflightError(problems)
+            raise PreflightError(problems, bad_hosts=bad_hosts)
         if checks:
             record_container(local, sub.extra["container"], checks)
         return pool, results
@@ -213,6 +229,7 @@ class SSHLauncher:
             logger.warning("staging %.1f MB to %d host(s) ...", total / 1e6, len(hosts))
         facts = stager.push(on_progress=lambda done, tot: logger.warning("staging: %.0f of %.0f MB", done / 1e6,
                                                                          tot / 1e6))
+        seeded = self._seed(stager, pool, hosts, facts, layout.output_key, local)
         nodes = []
         for n in sub.nodes:
             wd, real = sub.extra["workdirs"][n.node_rank], facts[n.host].workdir
@@ -227,9 +244,31 @@ class SSHLauncher:
                   "bytes": sum(t.size for t in trees), "files": sum(len(t.entries) for t in trees),
                   "sent_bytes": sum(f.sent_bytes for f in facts.values()), "hello_s": round(t_hello - t0, 3),
                   "seconds": round(time.time() - t0, 3), "output_key": layout.output_key, "fetch": layout.fetch,
-                  "output_local": layout.output_local}
+                  "output_local": layout.output_local, "seeded": seeded}
         local.write_json("staged.json", report)
         return replace(sub, nodes=tuple(nodes), extra=extra), report, stager.sessions
+
+    def _seed(self, stager: Any, pool: Any, hosts: list[str], facts: dict[str, Any], key: str,
+              local: RunDir) -> dict[str, str]:
+        """The newest checkpoint onto every host that lacks it (launchers.ssh.stage.seed_checkpoints: a spare that took
+        a bad host's place resumes with the others), asked over the hosts' open staging sessions."""
+        from launchers.ssh import stage as st
+        found = pool.map(lambda h: list(stager.sessions[h].ask({"op": "checkpoints", "dir": key})["steps"]), hosts)
+        bad = {h: e for h, e in found.items() if isinstance(e, Exception)}
+        if bad:
+            raise PreflightError([Problem(h, f"cannot list its checkpoints: {e}") for h, e in bad.items()],
+                                 bad_hosts={h: str(e) for h, e in bad.items()})
+        import shutil
+        try:
+            seeded = st.seed_checkpoints(pool, self.ssh, found, {h: facts[h].workdir for h in hosts}, key,
+                                         local.path("seed"))
+        except (OSError, RuntimeError) as e:
+            raise LaunchError(f"carrying the newest checkpoint to a new host failed: {e}") from None
+        finally:
+            shutil.rmtree(local.path("seed"), ignore_errors=True)
+        for host, what in seeded.items():
+            logger.warning("%s has no copy of the job's newest checkpoint: %s copied to it", host, what)
+        return seeded
 
     # ------------------------------------------------------------------ submit
     def submit(self, submission: Submission, run_dir: RunDir, cancel: threading.Event | None = None) -> SSHJob:
@@ -369,9 +408,23 @@ def probe_network_gpus(plan: LaunchPlan, env: dict[str, str]) -> dict[str, Any]:
         out.update(ifname=plan.network_interface, main=plan.main_host)
     if plan.accelerator == "gpu":
         out["gpus"] = True
+        out["gpu_health"] = {"diag": plan.health.gpu_diag == "dcgm"}
         if env.get("NCCL_IB_HCA"):
             out["ib_hca"] = env["NCCL_IB_HCA"]
     return out
+
+
+def gpu_health(want: dict[str, Any], probes: dict[str, dict[str, Any]]):
+    """Every host's GPU health (its probe's "gpu_health", orchestrator.node.gpus.health) judged by the one set of
+    rules (orchestrator.core.gpuhealth) under health.gpu_check: (refused, warned, hosts to exclude), or None when
+    the probes carry no health."""
+    from orchestrator.core.gpuhealth import judge, verdict
+    if not any("gpu_health" in r for r in probes.values()):
+        return None
+    used = tuple(want.get("gpu_ids") or ()) or None
+    findings = [f for host, r in probes.items() for f in judge(host, r.get("gpu_health") or {}, used,
+                                                               want.get("gpu_diag") == "dcgm")]
+    return verdict(findings, str(want.get("gpu_check") or "fail"))
 
 
 def gpu_problems(want: dict[str, Any], probes: dict[str, dict[str, Any]]) -> list[Problem]:

@@ -840,3 +840,46 @@ def fetch_outputs(pool: Any, ssh: Any, nodes: list[tuple[str, str]], key: str, l
         except Exception as e:  # noqa: BLE001 - reported per host
             summary["errors"][host] = str(e) or type(e).__name__
     return summary
+
+
+def seed_checkpoints(pool: Any, ssh: Any, steps: dict[str, list[int]], workdirs: dict[str, str], key: str,
+                     scratch: Path) -> dict[str, str]:
+    """Every host of a job without a shared filesystem keeps its own checkpoints (save_on_each_node), and each must
+    hold the newest one to resume: a host that lacks the newest checkpoint another has (a spare that took a bad host's
+    place) gets a copy, fetched from a host that has it (every file checked by its sha256) and put into its output
+    dir (`key`, under its workdir) over SFTP. `steps`: each host's checkpoint steps (the `checkpoints` op).
+    Returns {host: "checkpoint-N from H"} for the hosts seeded."""
+    newest = max((max(v) for v in steps.values() if v), default=None)
+    lacking = [h for h, v in steps.items() if newest is not None and newest not in v]
+    if newest is None or not lacking:
+        return {}
+    src = next(h for h, v in steps.items() if newest in v)
+    got = fetch_outputs(pool, ssh, [(src, workdirs[src])], key, scratch, "last_checkpoint")
+    if got["errors"] or not got["files"]:
+        raise RuntimeError(f"cannot fetch checkpoint-{newest} from {src}: {got['errors'] or 'no files'}")
+    name = f"checkpoint-{newest}"
+    files = sorted(p for p in (scratch / name).rglob("*") if p.is_file())
+
+    def put(host: str) -> None:
+        with pool.conns[host].sftp() as sftp:
+            base = f"{workdirs[host].rstrip('/')}/{key}"
+            made: set[str] = set()
+            for f in files:
+                rel = f.relative_to(scratch).as_posix()
+                parts = f"{base}/{rel}".split("/")[:-1]
+                for i in range(len(base.split("/")), len(parts) + 1):
+                    d = "/".join(parts[:i])
+                    if d and d not in made:
+                        try:
+                            sftp.mkdir(d, 0o700)
+                        except OSError:  # (there already)
+                            pass
+                        made.add(d)
+                tmp = f"{base}/{rel}.part"
+                sftp.put(str(f), tmp)
+                sftp.chmod(tmp, 0o600)
+                sftp.posix_rename(tmp, f"{base}/{rel}")
+    failed = {h: e for h, e in pool.map(put, lacking).items() if isinstance(e, Exception)}
+    if failed:
+        raise RuntimeError("cannot put " + name + " on " + ", ".join(f"{h} ({e})" for h, e in failed.items()))
+    return {h: f"{name} from {src}" for h in lacking}

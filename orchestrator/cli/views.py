@@ -71,7 +71,13 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
             "cluster": record["cluster"], "nodes": nodes, "ranks": ranks, "restarts": record.get("restarts") or 0,
             "exit_code": record.get("exit_code"), "root_cause": record.get("root_cause"), "run_dir": record["run_dir"],
             "created": record["created"], "updated": record["updated"], "fetched": _fetched(run_dir),
-            "container": _container(run_dir, plan)}
+            "container": _container(run_dir, plan), "excluded": _excluded(run_dir)}
+
+
+def _excluded(run_dir: Path) -> dict[str, str]:
+    """Hosts the restart policy took out of the job, with why (RUN_DIR/restarts.jsonl)."""
+    from orchestrator.node.rundir import RunDir
+    return RunDir(run_dir).excluded()
 
 
 def _container(run_dir: Path, plan: dict[str, Any]) -> dict[str, Any] | None:
@@ -151,6 +157,8 @@ def status_text(st: dict[str, Any]) -> str:
         lines.append(f"sched    {st['scheduler']}")
     if st["root_cause"]:
         lines.append(f"cause    {st['root_cause']}")
+    for host, why in (st.get("excluded") or {}).items():
+        lines.append(f"excluded {host}: {why}")
     if st.get("container"):
         c = st["container"]
         ids = sorted({(h.get("image") or {}).get("digest") or (h.get("image") or {}).get("id") or ""

@@ -198,6 +198,27 @@ class Agent:
         self._node_env = env
         return problem
 
+    def gpu_health_check(self) -> str | None:
+        """Inside a SLURM allocation, the health of this node's GPUs (orchestrator.core.gpuhealth, health.gpu_check):
+        a bad GPU the job uses refuses the node ("GPU health: ..." names GPU, field, value; the restart policy takes the
+        node out of the next allocation) unless the policy is warn (said on stderr, the node runs). Local and SSH jobs
+        are checked by their launcher's pre-flight instead."""
+        if self.plan.accelerator != "gpu" or self.plan.cluster_kind != "slurm":
+            return None
+        from orchestrator.core.gpuhealth import judge, verdict
+        from orchestrator.node import gpus
+        host = socket.gethostname()
+        visible = gpus.visible()  # SLURM's allocation: judge those
+        used = tuple(int(v) for v in visible if v.isdigit()) if visible is not None else None
+        findings = judge(host, gpus.health(diag=self.plan.health.gpu_diag == "dcgm"), used,
+                         self.plan.health.gpu_diag == "dcgm")
+        refused, warned, excluded = verdict(findings, self.plan.health.gpu_check)
+        for f in warned:
+            if f.host not in excluded:
+                os.write(2, f"orchestrate node agent: warning: GPU health: {host}: {f.text()}\n".encode())
+        bad = refused + [f for f in warned if f.host in excluded]
+        return "GPU health: " + f"node {self.rank} ({host}): " + "; ".join(f.text() for f in bad) if bad else None
+
     def container_check(self) -> str | None:
         """Inside a SLURM allocation nothing checked this node for the job's container before the start (local and SSH
         jobs are checked by their launcher's pre-flight): the runtime, the image, the mounts, the stack in the image.
@@ -554,7 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(run_dir, plan, rank, main_ip, grace=args.grace)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, lambda s, _f: agent.forward(s))
-    problem = agent.node_checks() or agent.container_check()  # network, GPUs (docs/gpus.md), the container
+    # network, GPUs (docs/gpus.md), the GPUs' health and the container (SLURM: nothing checked this node before)
+    problem = agent.node_checks() or agent.gpu_health_check() or agent.container_check()
     if problem:
         return agent.refuse(problem)
     if not agent.start(secrets):

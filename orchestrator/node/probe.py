@@ -29,12 +29,12 @@ def probe_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return probe(str(spec.get("workdir", ".")), int(spec.get("port", 0)), str(spec.get("check", "")),
                  ifname=spec.get("ifname") or None, main=spec.get("main") or None, ib_hca=spec.get("ib_hca") or None,
                  gpus=bool(spec.get("gpus")), container=spec.get("container") or None,
-                 needed=tuple(spec.get("needed") or ()))
+                 needed=tuple(spec.get("needed") or ()), gpu_health=spec.get("gpu_health"))
 
 
 def probe(workdir: str, port: int = 0, check_file: str = "", *, ifname: str | None = None, main: str | None = None,
           ib_hca: str | None = None, gpus: bool = False, container: dict[str, Any] | None = None,
-          needed: tuple[str, ...] = ()) -> dict[str, Any]:
+          needed: tuple[str, ...] = (), gpu_health: dict[str, Any] | None = None) -> dict[str, Any]:
     """`container`: the plan's container (core.container.ContainerPlan as a dict): the stack is checked in its image
     (orchestrator.node.containers.preflight, result under "container"), not in this python."""
     r: dict[str, Any] = {"python": sys.executable, "version": sys.version.split()[0], "problems": []}
@@ -76,6 +76,8 @@ def probe(workdir: str, port: int = 0, check_file: str = "", *, ifname: str | No
         r["gpus"], r["visible"] = inv["gpus"], inventory.visible()
         if inv["error"] and not inv["gpus"]:
             r["gpu_error"] = inv["error"]
+        if gpu_health is not None and inv["gpus"]:  # judged by the submitter (orchestrator.core.gpuhealth)
+            r["gpu_health"] = inventory.health(diag=bool(gpu_health.get("diag")))
     return r
 
 

@@ -16,7 +16,7 @@ owner-only; staged files are read-only, 0400 or 0500 when executable):
 A cached blob counts as present only while its stamp matches the file (a write into it, even through a staged
 tree's hard link, changes mtime: it is re-sent and every tree linking it is rebuilt). Protocol: JSON request lines
 on stdin, one JSON reply line each on stdout; `put` is followed by the raw blob bytes, `get` is answered by raw
-bytes after its reply. Ops: hello, check, listen, put, build, list, get, exec (see `Server`).
+bytes after its reply. Ops: hello, check, listen, put, build, list, checkpoints, get, exec (see `Server`).
 
 The relay (host-to-host fan-out of a `put`): each host opens a TCP port (`listen`) and the stream goes submitter ->
 host 0 -> host 1 -> ... Every hop is mutual TLS pinned to a certificate and key the submitter made for this stage only
@@ -526,6 +526,16 @@ class Server:
                         h.update(block)
                 out.append([os.path.relpath(full, top), os.path.getsize(full), h.hexdigest()])
         return {"files": out, "root": top}
+
+    def op_checkpoints(self, req):
+        """The steps of the checkpoint-N directories under a directory (relative to the workdir), newest last."""
+        top = os.path.realpath(os.path.join(self.root, req["dir"]))
+        try:
+            names = os.listdir(top)
+        except OSError:
+            names = []
+        return {"steps": sorted(int(d.split("-", 1)[1]) for d in names
+                                if d.startswith("checkpoint-") and d.split("-", 1)[1].isdigit())}
 
     def op_get(self, req):
         """Send the listed files (relative to `dir`) as raw bytes after the reply, each exactly the listed size."""

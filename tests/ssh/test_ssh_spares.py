@@ -1,0 +1,80 @@
+"""Bad hosts out, spares in (issue #26), on real sshd hosts: 3 hosts listed, 2 nodes wanted, so one is a spare.
+
+- A host whose rank dies on every attempt: the first crash is retried on the same hosts, the second on that host takes
+  it out; the restart runs on hosts 1 and 3 (new machine ranks, the spare staged), resumes past the checkpoint and
+  completes; `status` shows the host excluded and why. On the shared testbed and on hosts that share nothing with the
+  submitter (there the spare gets a copy of the newest checkpoint before it resumes).
+- Without a spare, the same job ends FAILED saying no spare is left.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from badnodes import HostKiller, job_ids
+from helpers import cli
+from ssh_helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def _sft(testbed, tmp_path: Path, hosts: list[str], *extra: str):
+    cluster = tmp_path / "spares.yaml"
+    cluster.write_text(yaml.safe_dump(testbed.cluster("spares", hosts=hosts)))
+    home = tmp_path / "home"
+    args = ["submit", REPO / "recipes/configs/sft_tiny.yaml", "--nodes", "2", "--cluster", cluster,
+            "trainer.max_steps=30", "trainer.save_strategy=steps", "trainer.save_steps=4", "health.max_restarts=3",
+            f"trainer.output_dir={tmp_path / 'out'}", *extra]
+    return home, args
+
+
+@pytest.mark.fault
+def test_a_host_that_crashes_every_attempt_is_replaced_by_the_spare(testbed, tmp_path, job_guard):
+    a, b, c = testbed.hosts[:3]
+    home, args = _sft(testbed, tmp_path, [a, b, c])
+    job_guard.home(home)
+    killer = HostKiller(home, b, after=6, times=2)  # host b's rank dies 6 steps into each attempt, twice
+    try:
+        p = cli(*args, env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=900)
+    finally:
+        killer.stop()
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "COMPLETED" in p.stdout, out[-4000:]
+    assert len(killer.kills) == 2, killer.kills
+    job = job_ids(home)[-1]
+    run_dir = home / "runs" / job
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert [n["host"] for n in plan["node_plans"]] == [a, c], plan["node_plans"]  # the spare took b's place
+    attempts = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
+    assert [(x["decision"], x["host"], x["kind"], x["exclude"]) for x in attempts] == [
+        ("restart", b, "crash", ""), ("restart", b, "crash", b)], attempts
+    result = json.loads(next(line for line in reversed(out.splitlines()) if "ORCHESTRATE_RESULT " in line)
+                        .split("ORCHESTRATE_RESULT ", 1)[1])
+    m = re.search(r"checkpoint-(\d+)", str(result["resumed_from"]))
+    assert m and int(m.group(1)) >= 8 and result["global_step"] == 30, result  # past the checkpoint, to the end
+    st = json.loads(cli("status", job, "--json", env={"ORCHESTRATE_HOME": home}).stdout)
+    assert st["state"] == "COMPLETED" and st["restarts"] == 2, st
+    assert list(st["excluded"]) == [b] and "crash, twice in a row" in st["excluded"][b], st["excluded"]
+    text = cli("status", job, env={"ORCHESTRATE_HOME": home}).stdout
+    assert f"excluded {b}: " in text, text
+    if testbed.private:  # the spare had no checkpoint of its own: it got the newest one before it resumed
+        staged = json.loads((run_dir / "staged.json").read_text())
+        assert list(staged["seeded"]) == [c] and f"from {a}" in staged["seeded"][c], staged["seeded"]
+
+
+def test_without_a_spare_the_job_fails_saying_so(testbed, tmp_path, job_guard):
+    a, b = testbed.hosts[:2]
+    home, args = _sft(testbed, tmp_path, [a, b])
+    job_guard.home(home)
+    killer = HostKiller(home, b, after=6, times=2)
+    try:
+        p = cli(*args, env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=900)
+    finally:
+        killer.stop()
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    assert f"{b} is bad (crash, again) and no spare host is left to replace it" in p.stderr, p.stderr[-3000:]
