@@ -61,14 +61,14 @@ def fake_local_gpus(monkeypatch):
 
 @pytest.fixture(scope="session")
 def gpu_testbed(tmp_path_factory):
-    """Two sshd hosts on loopback (scripts/sshd_hosts.py) of this suite's own (127.0.12.x)."""
+    """Three sshd hosts on loopback (scripts/sshd_hosts.py) of this suite's own (127.0.12.x): 2 for a job, 1 spare."""
     import sshd_hosts
     why = sshd_hosts.prerequisites()
     if why:
         _unavailable(f"SSH testbed unavailable: {why}")
     d = tmp_path_factory.mktemp("gpu_sshd")
     try:
-        tb = sshd_hosts.up(2, d, base_ip=SSH_BASE_IP, port=SSH_PORT)
+        tb = sshd_hosts.up(3, d, base_ip=SSH_BASE_IP, port=SSH_PORT)
     except RuntimeError as e:
         _unavailable(f"SSH testbed unavailable: {e}")
     yield tb
@@ -82,12 +82,15 @@ def gpu_hosts(gpu_testbed, tmp_path):
     import yaml
     from orchestrator.core.spec import parse_cluster
 
-    def make(gpus: dict[str, int], network_interface: str | None = "lo", accelerator: str = "gpu", **over):
+    def make(gpus: dict[str, int], network_interface: str | None = "lo", accelerator: str = "gpu",
+             health: dict | None = None, **over):
         table = tmp_path / f"gpus-{uuid.uuid4().hex[:6]}.json"
         table.write_text(json.dumps(gpus))
+        health_table = tmp_path / f"health-{uuid.uuid4().hex[:6]}.json"  # {host: {"GPU index": {field: value}}}
+        health_table.write_text(json.dumps(health or {}))
         wrapper = tmp_path / f"python-{uuid.uuid4().hex[:6]}"
-        wrapper.write_text(f"#!/bin/sh\nPATH={FAKES}:$PATH FAKE_NVIDIA_GPUS_MAP={table} exec {gpu_testbed.python} "
-                           '"$@"\n')
+        wrapper.write_text(f"#!/bin/sh\nPATH={FAKES}:$PATH FAKE_NVIDIA_GPUS_MAP={table} "
+                           f"FAKE_NVIDIA_HEALTH_MAP={health_table} exec {gpu_testbed.python} " '"$@"\n')
         wrapper.chmod(0o755)
         block = gpu_testbed.ssh_block(hosts=list(gpus), python=str(wrapper), **over)
         data = {"kind": "ssh", "name": "gpulab", "accelerator": accelerator, "ssh": block}

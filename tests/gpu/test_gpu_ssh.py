@@ -54,7 +54,7 @@ def _processes_of(job_id: str) -> list[str]:
 def test_auto_asks_every_host_for_its_gpus(gpu_testbed, gpu_hosts, home):
     from orchestrator import api
     from orchestrator.errors import ConfigError
-    a, b = gpu_testbed.hosts
+    a, b = gpu_testbed.hosts[:2]
     _, path = gpu_hosts({a: 8, b: 8})
     prep = api.prepare(RECIPE, str(path), nodes=2, overrides=["launch.procs_per_node=auto"], cwd=REPO)
     assert (prep.plan.procs_per_node, prep.plan.world_size, prep.plan.gpus_per_node) == (8, 16, 8)
@@ -74,7 +74,7 @@ def test_preflight_refuses_what_the_hosts_gpus_cannot_run(gpu_testbed, gpu_hosts
     from orchestrator import api
     from orchestrator.errors import PreflightError
     from orchestrator.node.rundir import RunDir
-    a, b = gpu_testbed.hosts
+    a, b = gpu_testbed.hosts[:2]
     cluster, path = gpu_hosts({a: gpus[0], b: gpus[1]})
     prep = api.prepare(RECIPE, str(path), nodes=2, overrides=[f"launch.procs_per_node={procs}"], cwd=REPO)
     assert prep.plan.gpus_per_node is None  # an explicit count: the hosts are asked by the pre-flight only
@@ -94,7 +94,7 @@ def test_preflight_refuses_what_the_hosts_gpus_cannot_run(gpu_testbed, gpu_hosts
 def test_bogus_interface_is_named_by_the_probe_in_seconds(gpu_testbed, gpu_hosts, home, job_guard):
     from orchestrator import api
     from orchestrator.errors import PreflightError
-    a, b = gpu_testbed.hosts
+    a, b = gpu_testbed.hosts[:2]
     _, path = gpu_hosts({a: 0, b: 0}, network_interface="bogus0", accelerator="cpu")
     prep = api.prepare(RECIPE, str(path), nodes=2, cwd=REPO)
     job_guard.run_dir(home / "runs" / prep.plan.job_id, *_remote_run_dirs(gpu_testbed, prep.plan))
@@ -113,7 +113,7 @@ def test_bogus_interface_is_named_by_the_probe_in_seconds(gpu_testbed, gpu_hosts
 @pytest.mark.slow
 def test_dropped_rendezvous_port_is_a_named_failure_in_seconds(gpu_testbed, gpu_hosts, home, job_guard, nft_drop):
     from orchestrator import api
-    a, b = gpu_testbed.hosts
+    a, b = gpu_testbed.hosts[:2]
     _, path = gpu_hosts({a: 0, b: 0}, accelerator="cpu")
     port = free_port()
     prep = api.prepare(RECIPE, str(path), nodes=2, cwd=REPO,
