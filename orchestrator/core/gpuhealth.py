@@ -47,6 +47,8 @@ def judge(host: str, health: dict[str, Any], used: tuple[int, ...] | None = None
           diag_asked: bool = False) -> list[GpuFinding]:
     """Every finding on `host`'s GPUs that the job would use (`used`: indices; None: every GPU)."""
     out: list[GpuFinding] = []
+    if health.get("missing"):  # no nvidia-smi to ask: nothing is known, nothing is judged
+        return out
     if health.get("error") and not health.get("gpus"):
         return [GpuFinding(host, None, "nvidia-smi", str(health["error"])[:200], "the GPUs' health cannot be read")]
     gpus = [g for g in health.get("gpus") or [] if used is None or g.get("index") in used]

@@ -217,8 +217,8 @@ def health(diag: bool = False, timeout: float = 30.0) -> dict[str, Any]:
     "error": why nvidia-smi could not tell}."""
     out: dict[str, Any] = {"gpus": [], "xid": None, "xid_error": None, "error": None}
     smi = nvidia_smi()
-    if not smi:
-        out["error"] = "nvidia-smi not found"
+    if not smi:  # nothing to ask (not a finding: the GPUs' own checks need the driver's tool)
+        out["error"], out["missing"] = "nvidia-smi not found", True
         return out
     try:
         r = subprocess.run([smi, *HEALTH_QUERY], capture_output=True, text=True, timeout=timeout,

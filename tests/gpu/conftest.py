@@ -28,7 +28,8 @@ sys.path.insert(0, str(REPO / "tests" / "slurm"))
 
 SSH_BASE_IP = os.environ.get("ORCHESTRATE_TEST_GPU_SSH_BASE_IP", "127.0.12.2")
 SSH_PORT = int(os.environ.get("ORCHESTRATE_TEST_GPU_SSH_PORT", "2222"))
-SLURM_GPUS = "8,2"  # node1 gpu:8, node2 gpu:2
+SLURM_GPUS = "8,2"  # node1 gpu:8, node2 gpu:2 (node3, the spare, gpu:2 too)
+GRES = {"node1": 8, "node2": 2, "node3": 2}
 
 
 @pytest.hookimpl(trylast=True)
@@ -109,25 +110,25 @@ def slurm_gres_cluster():
     """The SLURM testbed (scripts/slurm_cluster.sh) up with fake GPU GRES node1 gpu:8, node2 gpu:2. A cluster that is
     up with other GRES is brought down and up again with these (run under the testbed lock: nobody else uses it
     meanwhile); one that was up is left up, one brought up here is taken down at the end."""
-    from slurm_helpers import CLUSTER_DIR, NODES, SCRIPT, unavailable
+    from slurm_helpers import CLUSTER_DIR, CLUSTER_NODES, SCRIPT, unavailable
     why = unavailable()
     if why:
         _unavailable(why)
     env = dict(os.environ, ORCHESTRATE_SLURM_DIR=CLUSTER_DIR, SLURM_CONF=f"{CLUSTER_DIR}/etc/slurm.conf")
     was_up = subprocess.run([str(SCRIPT), "status"], env=env, capture_output=True, text=True).returncode == 0
-    if was_up and _gres(env) != {"node1": 8, "node2": 2}:
+    if was_up and _gres(env) != GRES:
         subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=120)
         up = False
     else:
         up = was_up
     if not up:
-        r = subprocess.run([str(SCRIPT), "up", "--nodes", str(NODES), "--gpus", SLURM_GPUS], env=env,
+        r = subprocess.run([str(SCRIPT), "up", "--nodes", str(CLUSTER_NODES), "--gpus", SLURM_GPUS], env=env,
                            capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             pytest.fail(f"slurm_cluster.sh up failed:\n{r.stdout}\n{r.stderr}")
     os.environ["SLURM_CONF"] = env["SLURM_CONF"]
-    assert _gres(env) == {"node1": 8, "node2": 2}
-    yield {"dir": CLUSTER_DIR, "nodes": NODES}
+    assert _gres(env) == GRES
+    yield {"dir": CLUSTER_DIR, "nodes": CLUSTER_NODES}
     if not was_up and os.environ.get("ORCHESTRATE_SLURM_KEEP") != "1":
         subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=120)
 

@@ -50,7 +50,7 @@ def test_gpus_only_some_nodes_have_are_refused_with_the_nodes_named(slurm_gres_c
         api.submit(prep)
     msg = {p.where: p.message for p in e.value.problems}["slurm.gpus_per_node"]
     assert "SLURM rejects the job" in msg
-    assert "GPUs per node: node1 8, node2 2: 1 node(s) have 8 or more: node1" in msg, msg
+    assert "GPUs per node: node1 8, node2 2, node3 2: 1 node(s) have 8 or more: node1" in msg, msg
 
 
 def _gpu_payload_plan(tag: str, gpus_per_node: int, subset: str):
@@ -132,3 +132,36 @@ def test_a_dropped_rendezvous_port_is_named_in_seconds(slurm_gres_cluster, nft_d
     assert took < 10, f"{took:.1f} s"
     assert wait_clean() == {}
     print(f"dropped rendezvous port on SLURM: FAILED after {took:.2f} s: {res.root_cause}")
+
+
+def test_a_node_whose_gpu_fails_its_health_check_is_excluded_from_the_next_allocation(slurm_gres_cluster, tmp_path,
+                                                                                      monkeypatch):
+    """node2's GPU 1 reports uncorrectable ECC errors (the stand-in nvidia-smi, answering by hostname): its node agent
+    refuses the node ('GPU health: ...'), the restart policy takes node2 out, the next allocation is submitted with
+    --exclude=node2, runs on node1 and node3 (the spare) and completes; restarts.jsonl and status say why."""
+    import json
+    from orchestrator import api
+    from slurm_helpers import WORK, wait_clean
+    table = tmp_path / "health.json"
+    table.write_text(json.dumps({"node2": {"1": {"ecc.errors.uncorrected.volatile.total": 3}}}))
+    for k, v in {"ORCHESTRATE_NVIDIA_SMI": str(REPO / "tests" / "fakes" / "nvidia-smi"), "FAKE_NVIDIA_GPUS": "2",
+                 "FAKE_NVIDIA_HEALTH_MAP": str(table)}.items():
+        monkeypatch.setenv(k, v)  # (the job's tasks get the submitting environment)
+    job = tmp_path / "payload.yaml"
+    job.write_text(json.dumps({"run": {"script": str(HERE / "gpu_payload.py")}, "launch": {"nodes": 2},
+                               "health": {"preflight_timeout": 0, "max_restarts": 2}}))
+    work = os.environ.get("ORCHESTRATE_SLURM_WORK", str(WORK))
+    prep = api.prepare(str(job), str(REPO / "cluster_configs" / "slurm_local.yaml"), cwd=tmp_path, overrides=[
+        f"cluster.slurm.python={sys.executable}", f"cluster.slurm.workdir={work}", "cluster.accelerator=gpu",
+        "cluster.slurm.gpus_per_node=2", f"launch.port={random.randint(20000, 29000)}"])
+    res = api.submit(prep)
+    assert res.state == "COMPLETED", res
+    run_dir = Path(prep.plan.run_dir)
+    attempts = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
+    assert [(a["decision"], a["host"], a["kind"], a["exclude"]) for a in attempts] == [
+        ("restart", "node2", "health", "node2")], attempts
+    assert "GPU 1: ecc.errors.uncorrected.volatile.total = 3" in attempts[0]["reason"], attempts
+    assert "#SBATCH --exclude=node2" in (run_dir / "job.sbatch").read_text()
+    hosts = sorted(json.loads((run_dir / "nodes" / str(r) / "agent.json").read_text())["host"] for r in range(2))
+    assert hosts == ["node1", "node3"], hosts
+    assert wait_clean() == {}

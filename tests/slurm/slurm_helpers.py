@@ -17,7 +17,8 @@ SCRIPT = REPO / "scripts" / "slurm_cluster.sh"
 CLUSTER_DIR = os.environ.get("ORCHESTRATE_SLURM_DIR", "/tmp/orchestrate-slurm")
 WORK = Path(os.environ.get("ORCHESTRATE_SLURM_WORK", "/tmp/orchestrate-slurm-work"))
 PAYLOAD = Path(__file__).resolve().parent / "payload.py"
-NODES = 2
+NODES = 2  # what the tests' jobs use
+CLUSTER_NODES = NODES + 1  # what the testbed has: one more, the spare a bad-node test moves to
 NEEDED = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "sbatch", "srun", "sacct", "nsenter", "ip")
 
 
@@ -34,7 +35,7 @@ def node_namespace_leftovers() -> dict[str, list[str]]:
     """Processes in the node namespaces other than slurmd itself (zombies count as gone)."""
     from orchestrator.node.proctools import alive
     out: dict[str, list[str]] = {}
-    for k in range(1, NODES + 1):
+    for k in range(1, CLUSTER_NODES + 1):
         ns = f"osl-node{k}"
         r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
         left = []
@@ -94,6 +95,13 @@ def heartbeat_step(run_dir: str | Path) -> int:
     return RunDir(run_dir).furthest_step() or 0
 
 
+def cluster_nodes(env: dict) -> int:
+    """How many nodes the running testbed has (sinfo)."""
+    r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=dict(env, SLURM_CONF=f"{CLUSTER_DIR}/etc/slurm.conf"),
+                       capture_output=True, text=True, timeout=30)
+    return len(set(r.stdout.split()))
+
+
 def cluster_session():
     """The testbed cluster for a pytest session fixture (generator): reused when up, brought up (and torn down at the
     end) otherwise; skips with the reason when unavailable, fails instead under CI=true."""
@@ -105,8 +113,11 @@ def cluster_session():
         pytest.skip(why)
     env = dict(os.environ, ORCHESTRATE_SLURM_DIR=CLUSTER_DIR)
     was_up = subprocess.run([str(SCRIPT), "status"], env=env, capture_output=True, text=True).returncode == 0
+    if was_up and cluster_nodes(env) != CLUSTER_NODES:  # up with another size (an older run): make it this one
+        subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=120)
+        was_up = False
     if not was_up:
-        r = subprocess.run([str(SCRIPT), "up", "--nodes", str(NODES)], env=env, capture_output=True, text=True,
+        r = subprocess.run([str(SCRIPT), "up", "--nodes", str(CLUSTER_NODES)], env=env, capture_output=True, text=True,
                            timeout=300)
         if r.returncode != 0:
             pytest.fail(f"slurm_cluster.sh up failed:\n{r.stdout}\n{r.stderr}")

@@ -127,3 +127,8 @@ def test_no_host_rules_where_hosts_cannot_be_replaced_and_the_old_rules_hold():
     assert not d.restart and "crash loop" in d.why
     d = P.decide([attempt(0, step=10, exclude="b")], 10)  # the host set changed since: worth the restart
     assert d.restart
+
+
+def test_no_nvidia_smi_to_ask_is_no_finding_but_a_failing_one_is():
+    assert judge_gpus("h", {"gpus": [], "error": "nvidia-smi not found", "missing": True}) == []
+    assert judge_gpus("h", {"gpus": [], "error": "nvidia-smi exited 9"})[0].field == "nvidia-smi"
