@@ -118,6 +118,12 @@ def summary(plan: LaunchPlan, max_nodes_shown: int = 8) -> str:
     gpus = _gpus(plan)
     if gpus:
         lines.append(f"gpus       {gpus}")
+    cp = plan.container
+    if cp is not None:
+        where = ("the task step runs in it (the node agent too)" if not cp.agent_side else
+                 "each node agent starts the launcher in it")
+        lines.append(f"container  {cp.runtime}, image {cp.image}: {where}; node package read-only at "
+                     f"/opt/orchestrate" + (f"; mounts {', '.join(m.text() for m in cp.mounts)}" if cp.mounts else ""))
     if plan.env_passthrough:
         lines.append("env        from the submit environment (launch.env_passthrough): "
                      + ", ".join(plan.env_passthrough))
