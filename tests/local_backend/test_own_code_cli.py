@@ -43,7 +43,22 @@ def test_own_trainer_script_on_two_local_nodes(tmp_path, tiny_model, job_guard):
     assert result and json.loads(result.group(1))["global_step"] == 6, text[-3000:]
     assert "[localhost node1] " in text  # live logs of both nodes
     assert (out / "model.safetensors").exists()
-    assert recorded(m.group(1))["state"] == "COMPLETED"
+    rec = recorded(m.group(1))
+    assert rec["state"] == "COMPLETED"
+    beats = Path(rec["run_dir"]) / "heartbeats"  # both ranks stepped, each in its own rank: really distributed
+    for r in (0, 1):
+        lines = [json.loads(x) for x in (beats / f"rank{r}.jsonl").read_text().splitlines()]
+        assert any(x["event"] == "step" and x["rank"] == r for x in lines), lines[-5:]
+
+
+def test_a_trainer_that_would_train_alone_is_refused(tmp_path, tiny_model, job_guard):
+    """2 nodes, a Trainer script whose TrainingArguments are not distributed (on CPU without use_cpu): each rank would
+    train alone on all the data (transformers only warns). The zero-code hook fails the rank instead, naming why."""
+    rc, text = submit("examples/own_code/my_job.yaml", f"run.args.model_name_or_path={tiny_model}",
+                      f"run.args.output_dir={tmp_path / 'out'}", "run.args.max_steps=6", "run.args.use_cpu=false")
+    assert rc == 1, text[-4000:]
+    assert "TrainsAlone: this rank's Trainer is not distributed (TrainingArguments.world_size 1, WORLD_SIZE 2)" in text
+    assert "on a CPU cluster pass use_cpu=True" in text, text[-3000:]
 
 
 def test_trl_sft_subcommand_on_two_local_nodes(tmp_path, tiny_model, job_guard):

@@ -119,6 +119,8 @@ def _on_transformers_trainer(module) -> None:
         if "_orchestrate_hooks" not in self.__dict__:
             try:
                 _attach(self)
+            except TrainsAlone:
+                raise
             except Exception as e:  # noqa: BLE001 - the user's Trainer works without our callbacks
                 self._orchestrate_hooks = None
                 _warn(f"Trainer heartbeats not added: {type(e).__name__}: {e}")
@@ -132,7 +134,31 @@ def _on_transformers_trainer(module) -> None:
     trainer_cls._orchestrate_patched = True
 
 
+class TrainsAlone(RuntimeError):
+    """A Trainer of a multi-process job that is not distributed: every rank would train alone on the whole data."""
+
+
+def _check_distributed(trainer) -> None:
+    """torchrun started WORLD_SIZE > 1 ranks, but the Trainer's TrainingArguments are not distributed (on a CPU
+    cluster: use_cpu not set, so transformers' device setup stays non-distributed): each rank would train alone, in
+    silence but for a warning. Fail the rank instead, saying how to fix it."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE") or 1)
+    except ValueError:
+        return
+    args = getattr(trainer, "args", None)
+    if world <= 1 or args is None or os.environ.get("ORCHESTRATE_ALLOW_UNDISTRIBUTED") == "1":
+        return
+    got = getattr(args, "world_size", world)
+    if isinstance(got, int) and got == 1:
+        cpu = os.environ.get("ORCHESTRATE_ACCELERATOR") == "cpu" and not getattr(args, "use_cpu", False)
+        raise TrainsAlone("this rank's Trainer is not distributed (TrainingArguments.world_size 1, WORLD_SIZE "
+                          f"{world}): every rank would train alone on all the data" +
+                          (" - on a CPU cluster pass use_cpu=True (run.args: use_cpu: true)" if cpu else ""))
+
+
 def _attach(trainer) -> None:
+    _check_distributed(trainer)
     try:
         import orchestrate_trainer as ot
     except ImportError:  # imported through the package (tests), not from the hooks directory
