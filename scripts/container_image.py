@@ -83,7 +83,8 @@ def _link_tree(src: Path, dst: Path) -> None:
     """Hard links of `src` under `dst` (symlinks kept as links)."""
     for dirpath, dirnames, filenames in os.walk(src):
         rel = Path(dirpath).relative_to(src)
-        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not (rel == Path(".") and _skipped(d))]
+        # (__pycache__ kept: the same CPython 3.11 bytecode; without it every rank compiles torch & co. at start)
+        dirnames[:] = [d for d in dirnames if not (rel == Path(".") and _skipped(d))]
         (dst / rel).mkdir(parents=True, exist_ok=True)
         for name in filenames:
             if rel == Path(".") and _skipped(name):
@@ -158,7 +159,7 @@ def build(runtime: str = "podman", force: bool = False) -> str:
         root = Path(tmp) / "rootfs"
         build_rootfs(root, sp, key)
         tar = subprocess.Popen(["tar", "-C", str(root), "-cf", "-", "."], stdout=subprocess.PIPE)
-        imp = subprocess.run([runtime, "import", "--change", "ENV=PYTHONDONTWRITEBYTECODE=1", "-", ref],
+        imp = subprocess.run([runtime, "import", "-", ref],
                              stdin=tar.stdout, capture_output=True, text=True)
         assert tar.stdout is not None
         tar.stdout.close()
