@@ -578,6 +578,7 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
                                                     host=host, kind="preflight", exclude=host))
                     prepared = replan(prepared, host)
                 plan = _replanned(prepared, rd, sup, emit, sorted(e.bad_hosts))
+                launcher = launcher_for(prepared.cluster)  # (SLURM: the next allocation's --exclude is the cluster's)
                 continue
             if result.state in (JobState.COMPLETED, JobState.CANCELLED, JobState.RUNNING) or sup.cancel.is_set():
                 break  # RUNNING: detached, the backend runs it on (status / ls ask it and record its end)
@@ -592,6 +593,7 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
             if d.exclude:
                 prepared = replan(prepared, d.exclude)
                 plan = _replanned(prepared, rd, sup, emit, [d.exclude])
+                launcher = launcher_for(prepared.cluster)
             store.update(plan.job_id, JobState.RESTARTING, detail=f"{why}: {result.root_cause}"[:2000],
                          restarts=restart_count(rd))
             if notifier is not None:
@@ -690,6 +692,7 @@ def _run_once(prepared: Prepared, launcher, sup: Supervisor, store, rd: RunDir, 
         pass
     if on_event:
         on_event("running", {"job_id": plan.job_id, "handle": running.handle.uri, "attempt": attempt})
+    sup.attempt = attempt
     return sup.run(running)
 
 

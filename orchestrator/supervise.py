@@ -14,6 +14,7 @@ the same HealthMonitor rules to the shared heartbeats (orchestrator.node.agent).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import signal
 import threading
@@ -139,7 +140,8 @@ def culprit_of(end: NodeEnded) -> str:
 
 
 def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str | None, cancel: str | None,
-          scheduler: SchedulerEnd | None = None, max_step: int | None = None, hang_host: str = "") -> JobResult:
+          scheduler: SchedulerEnd | None = None, max_step: int | None = None, hang_host: str = "",
+          straggler: str | None = None, straggler_host: str = "") -> JobResult:
     """The outcome of one attempt. Pure: what ended how, when we began tearing down, and why; for a failure, the host
     it is attributable to (`hang_host`: the hung rank's, named by the caller), which the restart policy may exclude."""
     nodes = tuple(NodeExit(node_rank=e.node, host=e.host,
@@ -157,6 +159,9 @@ def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str |
     if hang:
         return JobResult(JobState.FAILED, 124, hang, nodes, max_step, hung=True, culprit_host=hang_host,
                          culprit_kind="hang" if hang_host else "")
+    if straggler:  # stopped by us to take the straggler's host out (health.straggler.action: restart_without)
+        return JobResult(JobState.FAILED, 1, straggler, nodes, max_step, culprit_host=straggler_host,
+                         culprit_kind="straggler" if straggler_host else "")
     if scheduler is not None and scheduler.state == JobState.CANCELLED:
         return JobResult(JobState.CANCELLED, 130, scheduler.reason, nodes, max_step)
     bad = [e for e in ends.values() if failed(e)]
@@ -175,8 +180,56 @@ def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str |
     if scheduler is not None and scheduler.reason and scheduler.state == JobState.FAILED and root.lost:
         text = f"{scheduler.reason}; {text}"
     code = (root.record.returncode if root.record else root.returncode) or 1
-    return JobResult(JobState.FAILED, code if code > 0 else 1, text, nodes, max_step, culprit_host=root.host or "",
-                     culprit_kind=culprit_of(root) if root.host else "")
+    host = root.host if root.host not in ("", "?") else ""  # ("?": a backend that could not tell; nothing to exclude)
+    return JobResult(JobState.FAILED, code if code > 0 else 1, text, nodes, max_step, culprit_host=host,
+                     culprit_kind=culprit_of(root) if host else "")
+
+
+# ------------------------------------------------------------------------------------------------ stragglers
+
+class StragglerLog:
+    """The supervisor's straggler bookkeeping for one attempt: asks the HealthMonitor (at most every CHECK_S), names
+    each straggler once, and keeps RUN_DIR/stragglers.json (the verdicts of every attempt, and each rank's current
+    evidence for `status`'s column) up to date every SAVE_S."""
+
+    CHECK_S, SAVE_S = 2.0, 10.0
+
+    def __init__(self, plan: LaunchPlan, attempt: int):
+        self.rd = RunDir(plan.run_dir) if getattr(plan, "run_dir", "") else None
+        spec = getattr(plan.health, "straggler", None)
+        self.action = getattr(spec, "action", "warn")
+        self.attempt = attempt
+        self.named: set[int] = set()
+        self.next_check = self.next_save = 0.0
+        self.data = (self.rd.stragglers() if self.rd else {}) or {"named": []}
+
+    def judge(self, monitor: HealthMonitor, now: float, host_of: Callable[[int], str] = lambda _r: "") -> list:
+        """The stragglers not named before, each with its host as the job names it (`host_of(rank)`, else the host
+        its heartbeats give)."""
+        if now < self.next_check:
+            return []
+        self.next_check = now + self.CHECK_S
+        new = [dataclasses.replace(s, host=host_of(s.rank) or s.host) for s in monitor.stragglers()
+               if s.rank not in self.named]
+        for s in new:
+            self.named.add(s.rank)
+            self.data.setdefault("named", []).append(dict(s.to_dict(), t=now, attempt=self.attempt,
+                                                          action=self.action))
+        if new or now >= self.next_save:
+            self.save(monitor, now)
+        return new
+
+    def save(self, monitor: HealthMonitor, now: float) -> None:
+        self.next_save = now + self.SAVE_S
+        evidence = monitor.evidence()
+        if self.rd is None or not (evidence or self.data.get("named")):
+            return
+        self.data.update(evidence={str(r): round(v, 6) for r, v in evidence.items()}, t=now,
+                         window=monitor.straggler_window, factor=monitor.straggler_factor)
+        try:
+            self.rd.write_json(RunDir.STRAGGLERS, self.data)
+        except OSError:
+            pass  # (a full disk: the verdict was said in the log; status lacks the column)
 
 
 # ------------------------------------------------------------------------------------------------ the supervisor
@@ -198,6 +251,7 @@ class Supervisor:
     cancel_reason: str = "cancelled"
     detach: threading.Event = field(default_factory=threading.Event)
     detach_reason: str = ""
+    attempt: int = 0  # which attempt run() supervises (the api sets it; recorded with straggler verdicts)
 
     def request_cancel(self, reason: str) -> None:
         if not self.cancel.is_set():  # the first reason is the cause (a Ctrl-C, then the hang-up it led to)
@@ -222,6 +276,9 @@ class Supervisor:
         hang_host = ""
         cancel: str | None = None
         next_check = 0.0
+        straggler: str | None = None
+        straggler_host = ""
+        stragglers = StragglerLog(self.plan, self.attempt)
 
         def teardown(reason: str, grace: float, nodes: set[int] | None = None) -> None:
             nonlocal torn_down_at, teardown_mono
@@ -266,6 +323,13 @@ class Supervisor:
                                 hang += "; stacks in RUN_DIR/stacks/" + (" on each host" if len(set(job.nodes.values()))
                                                                          > 1 else "")
                             teardown("hang: " + hang, grace, set(job.nodes) - set(ends))
+                        for slow in stragglers.judge(monitor, now, lambda r: self._host_of(job, r)):
+                            text = slow.describe()  # newly named: said once each, recorded in the run dir
+                            if self.on_line:
+                                self.on_line(slow.rank // max(1, self.plan.procs_per_node), f"orchestrate: {text}")
+                            if stragglers.action == "restart_without" and straggler is None and torn_down_at is None:
+                                straggler, straggler_host = text, slow.host
+                                teardown("straggler: " + text, grace, set(job.nodes) - set(ends))
                     if teardown_mono is not None and time.monotonic() - teardown_mono > grace + self.lost_after:
                         for r, host in job.nodes.items():
                             ends.setdefault(r, NodeEnded(r, host, None, lost="did not end after the teardown "
@@ -280,9 +344,10 @@ class Supervisor:
             raise
         finally:
             job.close()
+        stragglers.save(monitor, time.time())
         max_step = max((st.step for st in monitor.snapshot()), default=None)
         return judge(ends, torn_down_at=torn_down_at, hang=hang, cancel=cancel, scheduler=scheduler, max_step=max_step,
-                     hang_host=hang_host)
+                     hang_host=hang_host, straggler=straggler, straggler_host=straggler_host)
 
     def _host_of(self, job: Running, rank: int) -> str:
         """The host of a global rank's node, as the job names it (the cluster file's host, SLURM's node)."""

@@ -6,6 +6,7 @@ SSH_CONNECTION: its 3rd word is the server address, the host) and which job (ORC
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -39,34 +40,118 @@ def job_ids(home: Path) -> list[str]:
 
 
 class HostKiller:
-    """SIGKILLs `job`'s rank on `host` each time the job has trained `after` steps more than when it was last struck
-    (the furthest step in its run dir), at most `times` times: a host that crashes every attempt."""
+    """SIGKILLs `job`'s rank on `host` once that rank's process has itself written `after` training steps (the first
+    strike) or `then` steps (each later one), at most `times` times: a host that crashes every attempt. Counting the
+    struck process's own steps (the lines its rank's heartbeat file gained since the process was first seen) makes
+    every strike land in its attempt whatever the step numbers a resume starts from, and however slow the machine."""
 
-    def __init__(self, home: Path, host: str, after: int, times: int):
-        self.home, self.host, self.after, self.times = home, host, after, times
+    def __init__(self, home: Path, host: str, after: int, times: int, then: int = 2):
+        self.home, self.host, self.after, self.then, self.times = home, host, after, then, times
         self.kills: list[tuple[float, int, int]] = []  # (time, step, pid)
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        from orchestrator.node.rundir import RunDir
-        last = 0
+        struck: set[int] = set()
+        target: tuple[int, Path] | None = None  # the live rank on the host: (pid, its heartbeat file)
+        offset, steps = 0, set()
         while not self.done.is_set() and len(self.kills) < self.times:
-            jobs = job_ids(self.home)
-            if jobs:
-                rd = RunDir(self.home / "runs" / jobs[-1])
-                step = rd.furthest_step() or 0
-                mine = ranks_on(self.host, jobs[-1])
-                if mine and step >= last + self.after:
-                    pid = next(iter(mine.values()))
+            if target is None or not Path(f"/proc/{target[0]}").exists():
+                target, steps = None, set()
+                jobs = job_ids(self.home)  # (the /proc scan is slow: only until this attempt's rank is found)
+                mine = ranks_on(self.host, jobs[-1]) if jobs else {}
+                live = [(r, p) for r, p in mine.items() if p not in struck]
+                if live:
+                    rank, pid = live[0]
+                    f = self.home / "runs" / jobs[-1] / "heartbeats" / f"rank{rank}.jsonl"
+                    target, offset = (pid, f), (f.stat().st_size if f.exists() else 0)
+                else:
+                    time.sleep(0.1)
+                    continue
+            try:  # the steps this process wrote since it was found (polled every 10 ms: a tiny model steps in 30 ms)
+                with open(target[1], "rb") as fh:
+                    fh.seek(offset)
+                    data = fh.read()
+            except OSError:
+                data = b""
+            cut = data.rfind(b"\n") + 1
+            offset += cut
+            for line in data[:cut].decode(errors="replace").splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("event") == "step" and isinstance(rec.get("step"), int):
+                    steps.add(rec["step"])
+            if len(steps) >= (self.then if self.kills else self.after):
+                struck.add(target[0])
+                try:
+                    os.kill(target[0], signal.SIGKILL)
+                    self.kills.append((time.time(), max(steps), target[0]))
+                except ProcessLookupError:
+                    pass
+                target = None
+                continue
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(5)
+
+
+def ranks_of(job: str) -> dict[int, int]:
+    """Global rank -> pid of `job`'s ranks on this machine (any backend: the environment torchrun gave each rank)."""
+    out: dict[int, int] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        env = _env(pid)
+        if f"ORCHESTRATE_JOB_ID={job}".encode() not in env:
+            continue
+        rank = next((e[5:] for e in env if e.startswith(b"RANK=")), None)
+        try:
+            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            continue
+        if any(e.startswith(b"RANK=") for e in _env(ppid)):
+            continue  # a worker the rank spawned (it inherits RANK), not the rank
+        if rank is not None and rank.isdigit():
+            out[int(rank)] = int(pid)
+    return out
+
+
+class Throttler:
+    """A slow but alive rank: SIGSTOP / SIGCONT in a duty cycle (stopped `stop_s` of every `period_s`) on the rank
+    that `find()` names (a pid, or None while it is not there yet), until stopped; it always leaves it running."""
+
+    def __init__(self, find, stop_s: float = 0.015, period_s: float = 0.03):
+        self.find, self.stop_s, self.period_s = find, stop_s, period_s
+        self.cycles = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        pid = None
+        while not self.done.is_set():
+            if pid is None or not Path(f"/proc/{pid}").exists():
+                pid = self.find()
+                if pid is None:
+                    time.sleep(0.2)
+                    continue
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(self.stop_s)
+            except ProcessLookupError:
+                pid = None
+                continue
+            finally:
+                if pid is not None:
                     try:
-                        os.kill(pid, signal.SIGKILL)
-                        self.kills.append((time.time(), step, pid))
-                        last = step
+                        os.kill(pid, signal.SIGCONT)
                     except ProcessLookupError:
-                        pass
-            time.sleep(0.1)
+                        pid = None
+            self.cycles += 1
+            time.sleep(self.period_s - self.stop_s)
 
     def stop(self) -> None:
         self.done.set()

@@ -457,7 +457,8 @@ class SlurmJob:
         self.done = True
         for r in self.nodes:
             rec, agent = self.rd.exit(r), self.rd.agent(r)
-            out.append(NodeEnded(r, agent.host if agent else "?", rec.returncode if rec else None,
+            host = agent.host if agent else (rec.host if rec and rec.host else "?")
+            out.append(NodeEnded(r, host, rec.returncode if rec else None,
                                  self.rd.log_tail(r, 40), rec,
                                  "" if rec else f"no exit record from its agent (SLURM {q['slurm_state']})"))
         state = {"COMPLETED": JobState.COMPLETED, "CANCELLED": JobState.CANCELLED}.get(q["state"], JobState.FAILED)

@@ -47,7 +47,7 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
     plan = _read_json(run_dir / "plan.json")
     heartbeats = read_all(run_dir / "heartbeats")
     world = int(plan.get("world_size") or record["world_size"])
-    monitor = HealthMonitor(HealthSpec(**(plan.get("health") or {})), world, now)
+    monitor = HealthMonitor(HealthSpec.from_dict(plan.get("health")), world, now)
     for rec in heartbeats:
         monitor.feed(rec, float(rec.get("t") or now))
     data = _read_json(run_dir / "handle.json").get("data")
@@ -61,17 +61,22 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
         nodes.append({"node": r, "host": agent.get("host") or node.get("host") or "", "ranks": node["ranks"],
                       "exit_code": exit_.get("returncode"), "stop_reason": exit_.get("stop_reason") or None,
                       "outputs": (handle_nodes.get(r) or {}).get("outputs")})  # host:path where not shared
+    evidence = monitor.evidence()
+    named = [s for s in (_read_json(run_dir / "stragglers.json").get("named") or []) if isinstance(s, dict)]
+    slow = {s.get("rank"): s for s in named}
     ranks = []
     for st in monitor.snapshot():
         ranks.append({"rank": st.rank, "host": st.host, "step": st.step, "max_steps": st.max_steps,
                       "loss": st.loss, "tokens": st.tokens, "event": st.event,
                       "heartbeat_age_s": round(now - st.t, 1) if st.t else None,
-                      "losses": [loss for _, loss in st.losses]})
+                      "losses": [loss for _, loss in st.losses],
+                      "compute_s": round(evidence[st.rank], 6) if st.rank in evidence else None,
+                      "straggler": slow.get(st.rank)})
     return {"job": record["id"], "state": record["state"], "backend": record["backend"], "handle": record["handle"],
             "cluster": record["cluster"], "nodes": nodes, "ranks": ranks, "restarts": record.get("restarts") or 0,
             "exit_code": record.get("exit_code"), "root_cause": record.get("root_cause"), "run_dir": record["run_dir"],
             "created": record["created"], "updated": record["updated"], "fetched": _fetched(run_dir),
-            "container": _container(run_dir, plan), "excluded": _excluded(run_dir)}
+            "container": _container(run_dir, plan), "excluded": _excluded(run_dir), "stragglers": named}
 
 
 def _excluded(run_dir: Path) -> dict[str, str]:
@@ -159,6 +164,9 @@ def status_text(st: dict[str, Any]) -> str:
         lines.append(f"cause    {st['root_cause']}")
     for host, why in (st.get("excluded") or {}).items():
         lines.append(f"excluded {host}: {why}")
+    for s in st.get("stragglers") or []:
+        lines.append(f"slow     rank {s.get('rank')} on {s.get('host') or '?'}: {s.get('ratio')}x the others' forward "
+                     f"time per step (attempt {s.get('attempt')}, step {s.get('step')}, {s.get('action')})")
     if st.get("container"):
         c = st["container"]
         ids = sorted({(h.get("image") or {}).get("digest") or (h.get("image") or {}).get("id") or ""
@@ -178,10 +186,13 @@ def status_text(st: dict[str, Any]) -> str:
             lines.append(f"fetched  {st['fetched']}")
     if st["ranks"]:
         lines.append("")
-        lines.append(f"{'RANK':<5} {'HOST':<20} {'STEP':>10} {'LOSS':>8} {'BEAT':>6}  LOSS CURVE")
+        lines.append(f"{'RANK':<5} {'HOST':<20} {'STEP':>10} {'LOSS':>8} {'BEAT':>6} {'FWD/STEP':>9}  LOSS CURVE")
         for r in st["ranks"]:
+            fwd = "-" if r.get("compute_s") is None else f"{r['compute_s'] * 1000:.1f}ms"
+            if r.get("straggler"):
+                fwd = "SLOW " + fwd
             lines.append(f"{r['rank']:<5} {r['host'][:20]:<20} {fmt_step(r):>10} {fmt_loss(r['loss']):>8} "
-                         f"{fmt_age(r['heartbeat_age_s']):>6}  {sparkline(r['losses'])}".rstrip())
+                         f"{fmt_age(r['heartbeat_age_s']):>6} {fwd:>9}  {sparkline(r['losses'])}".rstrip())
     return "\n".join(lines)
 
 

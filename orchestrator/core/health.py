@@ -3,13 +3,34 @@
 Pure: `HealthMonitor` is fed heartbeat records with the time they were received and asked about `now`.
 A rank is hung when no heartbeat arrived for `stall_timeout` seconds after its first step,
 `startup_timeout` before it (model load), `save_timeout` while it saves a checkpoint. Reading the records
-(files, forwarded lines) is orchestrator.node.heartbeat's job.
+(files, forwarded lines) is orchestrator.node.heartbeat's job. The same monitor judges stragglers: ranks alive
+and stepping whose own compute per step ("compute_s" in their step records) is slower than the others' by
+health.straggler.factor over health.straggler.window steps (`stragglers`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Annotated, Any
+
+STRAGGLER_ACTIONS = ("warn", "restart_without")
+MAX_WINDOW = 1000  # the most steps of evidence kept per rank (health.straggler.window is capped by it)
+
+
+@dataclass(frozen=True)
+class StragglerSpec:
+    """A rank that computes slowly while alive. Evidence: the seconds each rank spends in its model's own forward per
+    step ("compute_s" on its step records, timed by the zero-code hooks: no collective inside, see
+    orchestrator/node/hooks/orchestrate_hooks.py), not its step time (in synchronous data parallelism every rank steps
+    at the slowest one's pace). A rank whose median over its last `window` steps exceeds `factor` times the median
+    of the other ranks' medians is a straggler: named in the job log, `status` and `status --json` (action warn), or
+    also its host taken out and the job restarted on a spare (restart_without)."""
+
+    factor: Annotated[float, "straggler_factor"] = 1.3
+    window: Annotated[int, "pos_int"] = 20
+    action: Annotated[str, "straggler_action"] = "warn"
 
 
 @dataclass(frozen=True)
@@ -33,6 +54,16 @@ class HealthSpec:
     # `dcgmi diag -r 1` too (dcgm; skipped with a note where dcgmi is not installed).
     gpu_check: Annotated[str, "gpu_check"] = "fail"
     gpu_diag: Annotated[str, "gpu_diag"] = "none"
+    straggler: StragglerSpec = field(default_factory=StragglerSpec)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "HealthSpec":
+        """From the plain data a plan holds (plan.json): the straggler block restored, unknown keys ignored."""
+        d = {k: v for k, v in (data or {}).items() if k in cls.__dataclass_fields__}
+        if isinstance(d.get("straggler"), dict):
+            d["straggler"] = StragglerSpec(**{k: v for k, v in d["straggler"].items()
+                                              if k in StragglerSpec.__dataclass_fields__})
+        return cls(**d)
 
 
 @dataclass
@@ -48,6 +79,34 @@ class RankState:
     received: float = 0.0  # the monitor's clock
     stepped: bool = False
     losses: list[tuple[int, float]] = field(default_factory=list)
+    compute: deque = field(default_factory=lambda: deque(maxlen=MAX_WINDOW))  # (step, compute_s) of recent steps
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank judged slow, with the evidence: its median forward seconds per step over `window` steps against the
+    median of the other ranks'."""
+
+    rank: int
+    host: str
+    median_s: float
+    others_s: float
+    window: int
+    step: int
+
+    @property
+    def ratio(self) -> float:
+        return self.median_s / self.others_s if self.others_s > 0 else float("inf")
+
+    def describe(self) -> str:
+        return (f"rank {self.rank} on {self.host or '?'} is a straggler: {self.median_s * 1000:.1f} ms of its own "
+                f"forward per step against {self.others_s * 1000:.1f} ms for the other ranks ({self.ratio:.2f}x, "
+                f"median of the last {self.window} steps, at step {self.step})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "median_s": round(self.median_s, 6),
+                "others_s": round(self.others_s, 6), "ratio": round(self.ratio, 3), "window": self.window,
+                "step": self.step}
 
 
 @dataclass(frozen=True)
@@ -72,6 +131,9 @@ class HealthMonitor:
         self.world_size = world_size
         self.started = started
         self.ranks: dict[int, RankState] = {}
+        strag = getattr(health, "straggler", None) or StragglerSpec()
+        self.straggler_factor = float(strag.factor)
+        self.straggler_window = min(int(strag.window), MAX_WINDOW)
 
     def feed(self, rec: dict[str, Any], received: float) -> None:
         try:
@@ -96,6 +158,10 @@ class HealthMonitor:
             st.losses.append((st.step, float(loss)))
         if st.event == "boot":  # a (re)started rank: start-up again, whatever an earlier attempt reached
             st.stepped = False
+            st.compute.clear()
+        compute = rec.get("compute_s")
+        if isinstance(compute, (int, float)) and compute > 0 and isinstance(step, int):
+            st.compute.append((step, float(compute)))
         if st.event in ("step", "save_start", "save") and isinstance(step, int) and step > 0:
             st.stepped = True
 
@@ -135,6 +201,30 @@ class HealthMonitor:
         text = first.describe() + (f" (process {stopped[first.rank]} is stopped)" if first.rank in stopped else "")
         others = [str(x.rank) for x in stalls if x.rank != first.rank]
         return text + (f"; ranks {', '.join(others)} also silent" if others else "")
+
+    def stragglers(self) -> list[Straggler]:
+        """Ranks slower than the others by health.straggler.factor over the last health.straggler.window steps, the
+        slowest first. Judged only once every rank has a full window of evidence (nothing is said on less), and
+        against the median of the OTHER ranks' medians (with 2 ranks: the other one)."""
+        n = self.straggler_window
+        medians: dict[int, float] = {}
+        for r in range(self.world_size):
+            st = self.ranks.get(r)
+            if st is None or len(st.compute) < n:
+                return []
+            medians[r] = median(c for _, c in list(st.compute)[-n:])
+        out = []
+        for r, m in medians.items():
+            others = median(v for q, v in medians.items() if q != r) if len(medians) > 1 else m
+            if others > 0 and m > self.straggler_factor * others:
+                st = self.ranks[r]
+                out.append(Straggler(r, st.host, m, others, n, st.step))
+        return sorted(out, key=lambda x: -x.ratio)
+
+    def evidence(self) -> dict[int, float]:
+        """Each rank's median forward seconds per step over its last window (or fewer) steps: status's column."""
+        n = self.straggler_window
+        return {r: median(c for _, c in list(st.compute)[-n:]) for r, st in sorted(self.ranks.items()) if st.compute}
 
     def progress(self) -> int:
         """The step every rank has reached (the slowest rank's step)."""

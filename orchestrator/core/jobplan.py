@@ -136,7 +136,7 @@ class LaunchPlan:
         d["env_passthrough"] = tuple(d.get("env_passthrough", ()))
         d["container"] = ContainerPlan.from_dict(d["container"]) if d.get("container") else None
         d["parallelism"] = dict(d["parallelism"])
-        d["health"] = HealthSpec(**(d.get("health") or {}))
+        d["health"] = HealthSpec.from_dict(d.get("health"))
         return cls(**d)
 
     @classmethod

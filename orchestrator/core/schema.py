@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 from orchestrator.core.container import parse_mount
 from orchestrator.core.gpuhealth import DIAGS, POLICIES
+from orchestrator.core.health import STRAGGLER_ACTIONS
 from orchestrator.core.hostlist import HostlistError, expand
 from orchestrator.errors import Problem
 
@@ -147,6 +148,9 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "mounts": lambda x: None if isinstance(x, list) else f"must be a list of HOST:CONTAINER[:ro|rw], got {x!r}",
     "gpu_check": lambda x: None if x in POLICIES else f"must be one of {', '.join(POLICIES)}, got {x!r}"
     + suggest(str(x), POLICIES),
+    "straggler_factor": lambda x: None if _is_number(x) and x > 1 else f"must be a number > 1, got {x!r}",
+    "straggler_action": lambda x: None if x in STRAGGLER_ACTIONS else
+    f"must be one of {', '.join(STRAGGLER_ACTIONS)}, got {x!r}" + suggest(str(x), STRAGGLER_ACTIONS),
     "gpu_diag": lambda x: None if x in DIAGS else f"must be one of {', '.join(DIAGS)}, got {x!r}"
     + suggest(str(x), DIAGS),
     "url": _url_problem,

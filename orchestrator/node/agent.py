@@ -241,7 +241,8 @@ class Agent:
         it in exit.json, start nothing. Returns the exit code."""
         os.write(2, f"PreflightError: {problem}\n".encode())
         self.rd.write_exit(self.rank, ExitRecord(returncode=2, time=time.time(), signal=None, launch_returncode=2,
-                                                 stop_reason="", preempted=False, hang=None, rank_death=None))
+                                                 stop_reason="", preempted=False, hang=None, rank_death=None,
+                                                 host=socket.gethostname()))
         # (no stop_reason: nobody stopped this node, it failed on its own; the cause is the PreflightError line)
         return 2
 
@@ -469,7 +470,8 @@ class Agent:
         self.rd.write_exit(self.rank, ExitRecord(
             returncode=0 if preempted else code, time=time.time(), signal=sig, launch_returncode=code,
             stop_reason="" if self.preflight_error else self.stop_reason,  # a failed pre-flight: the node's own
-            preempted=preempted, hang=hang or None, rank_death=self.rank_death.describe() if self.rank_death else None))
+            preempted=preempted, hang=hang or None, rank_death=self.rank_death.describe() if self.rank_death else None,
+            host=socket.gethostname()))
         # A node whose ranks all saved a checkpoint on a preemption signal and stopped has done its job:
         # exit 0, so `srun --kill-on-bad-exit` does not kill other nodes still saving.
         return 0 if preempted else code

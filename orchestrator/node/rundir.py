@@ -89,6 +89,7 @@ class ExitRecord:
     preempted: bool = False  # every rank saved a checkpoint on a preemption signal and stopped
     hang: str | None = None  # the agent's own hang verdict (SLURM: in-allocation monitor)
     rank_death: str | None = None  # "rank 1 (pid N) died of SIGKILL (exit -9) before finishing"
+    host: str = ""  # the host the agent ran on (a node refused before its launch has no agent.json to say so)
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class RunDir:
     PLAN, RECIPE, CLUSTER, HANDLE, CANCEL = "plan.json", "recipe.yaml", "cluster.json", "handle.json", "cancel.json"
     RESTARTS, SBATCH, SLURM_JOB_ID, NOTIFY = "restarts.jsonl", "job.sbatch", "slurm_job_id", "notify.log"
     LOGS, HEARTBEATS, STACKS, NODES = "logs", "heartbeats", "stacks", "nodes"
+    STRAGGLERS = "stragglers.json"  # the supervisor's straggler verdicts and each rank's evidence (core.health)
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
@@ -229,6 +231,12 @@ class RunDir:
         """Hosts taken out of the job, with why (from restarts.jsonl, and the pre-flight's replacements)."""
         out = {a.exclude: a.reason for a in self.attempts() if a.exclude}
         return out
+
+    def stragglers(self) -> dict:
+        """stragglers.json: {"named": [Straggler.to_dict() + "t", "attempt", "action"], "evidence": {rank: s},
+        "t"}; {} when nothing was judged."""
+        data = self._json(self.STRAGGLERS)
+        return data if isinstance(data, dict) else {}
 
     def request_cancel(self, by: str) -> None:
         self.write_json(self.CANCEL, {"by": by, "t": time.time()})

@@ -28,7 +28,7 @@ def _sft(testbed, tmp_path: Path, hosts: list[str], *extra: str):
     cluster.write_text(yaml.safe_dump(testbed.cluster("spares", hosts=hosts)))
     home = tmp_path / "home"
     args = ["submit", REPO / "recipes/configs/sft_tiny.yaml", "--nodes", "2", "--cluster", cluster,
-            "trainer.max_steps=30", "trainer.save_strategy=steps", "trainer.save_steps=4", "health.max_restarts=3",
+            "trainer.max_steps=40", "trainer.save_strategy=steps", "trainer.save_steps=4", "health.max_restarts=3",
             f"trainer.output_dir={tmp_path / 'out'}", *extra]
     return home, args
 
@@ -38,7 +38,7 @@ def test_a_host_that_crashes_every_attempt_is_replaced_by_the_spare(testbed, tmp
     a, b, c = testbed.hosts[:3]
     home, args = _sft(testbed, tmp_path, [a, b, c])
     job_guard.home(home)
-    killer = HostKiller(home, b, after=6, times=2)  # host b's rank dies 6 steps into each attempt, twice
+    killer = HostKiller(home, b, after=10, times=2)  # b's rank: killed 10 steps into attempt 0, 2 into attempt 1
     try:
         p = cli(*args, env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=900)
     finally:
@@ -56,7 +56,7 @@ def test_a_host_that_crashes_every_attempt_is_replaced_by_the_spare(testbed, tmp
     result = json.loads(next(line for line in reversed(out.splitlines()) if "ORCHESTRATE_RESULT " in line)
                         .split("ORCHESTRATE_RESULT ", 1)[1])
     m = re.search(r"checkpoint-(\d+)", str(result["resumed_from"]))
-    assert m and int(m.group(1)) >= 8 and result["global_step"] == 30, result  # past the checkpoint, to the end
+    assert m and int(m.group(1)) >= 8 and result["global_step"] == 40, result  # past the checkpoint, to the end
     st = json.loads(cli("status", job, "--json", env={"ORCHESTRATE_HOME": home}).stdout)
     assert st["state"] == "COMPLETED" and st["restarts"] == 2, st
     assert list(st["excluded"]) == [b] and "crash, twice in a row" in st["excluded"][b], st["excluded"]
@@ -71,10 +71,44 @@ def test_without_a_spare_the_job_fails_saying_so(testbed, tmp_path, job_guard):
     a, b = testbed.hosts[:2]
     home, args = _sft(testbed, tmp_path, [a, b])
     job_guard.home(home)
-    killer = HostKiller(home, b, after=6, times=2)
+    killer = HostKiller(home, b, after=10, times=2)
     try:
         p = cli(*args, env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=900)
     finally:
         killer.stop()
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     assert f"{b} is bad (crash, again) and no spare host is left to replace it" in p.stderr, p.stderr[-3000:]
+
+
+def test_a_straggler_host_is_replaced_by_the_spare_with_restart_without(testbed, tmp_path, job_guard):
+    """Host b's rank made slow but alive (SIGSTOP / SIGCONT, stopped 15 ms of every 30 ms): with
+    health.straggler.action restart_without the supervisor names it, stops the attempt and the one RestartPolicy takes
+    b out at once; the restart runs on a and c (the spare) from the checkpoint and completes."""
+    from badnodes import Throttler, ranks_on
+    a, b, c = testbed.hosts[:3]
+    home, args = _sft(testbed, tmp_path, [a, b, c], "health.straggler.window=10",
+                      "health.straggler.action=restart_without")
+    job_guard.home(home)
+
+    def slow_rank():
+        jobs = job_ids(home)
+        mine = ranks_on(b, jobs[-1]) if jobs else {}
+        return next(iter(mine.values()), None)
+
+    throttle = Throttler(slow_rank)
+    try:
+        p = cli(*args, env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=900)
+    finally:
+        throttle.stop()
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "COMPLETED" in p.stdout, out[-4000:]
+    assert "is a straggler: " in out and f" on {b} " in out, out[-4000:]
+    run_dir = home / "runs" / job_ids(home)[-1]
+    attempts = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
+    assert [(x["decision"], x["host"], x["kind"], x["exclude"]) for x in attempts] == [
+        ("restart", b, "straggler", b)], attempts
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert [n["host"] for n in plan["node_plans"]] == [a, c], plan["node_plans"]
+    st = json.loads(cli("status", run_dir.name, "--json", env={"ORCHESTRATE_HOME": home}).stdout)
+    assert st["state"] == "COMPLETED" and list(st["excluded"]) == [b], st
+    assert [(s["host"], s["action"], s["attempt"]) for s in st["stragglers"]] == [(b, "restart_without", 0)], st

@@ -43,6 +43,8 @@ def test_builtin_sft_trains_fetches_back_and_a_resubmit_moves_nothing(private_te
     tb = private_testbed
     home, out = tmp_path / "home", tmp_path / "out"
     cluster = _cluster(tmp_path, tb)
+    for h in tb.hosts[:2]:  # hosts that hold nothing yet (earlier tests on this testbed staged the same files)
+        host_run(tb, h, ["rm", "-rf", f"{WORK}/cache"])
     args = ["submit", REPO / "recipes/configs/sft_tiny.yaml", "--nodes", "2", "--cluster", cluster,
             "trainer.max_steps=6", "trainer.save_strategy=steps", "trainer.save_steps=3", f"trainer.output_dir={out}",
             "outputs.fetch=last_checkpoint"]

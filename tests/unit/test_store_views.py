@@ -69,14 +69,15 @@ cluster  lab
 restarts 1
 run dir  TMP/run
 cause    node 1 (gpu02) failed: signal SIGKILL
+slow     rank 1 on gpu02: 2.5x the others' forward time per step (attempt 0, step 3, warn)
 
 NODE  HOST                 RANKS     EXIT  NOTE
 0     gpu01                0-0       -
 1     gpu02                1-1       137   signal SIGTERM
 
-RANK  HOST                       STEP     LOSS   BEAT  LOSS CURVE
-0     gpu01                      5/10   3.5000     5s  █▆▅▃▁
-1     gpu02                      3/10   4.4000     7s  █▅▁"""
+RANK  HOST                       STEP     LOSS   BEAT  FWD/STEP  LOSS CURVE
+0     gpu01                      5/10   3.5000     5s    20.0ms  █▆▅▃▁
+1     gpu02                      3/10   4.4000     7s SLOW 50.0ms  █▅▁"""
     assert st["ranks"][1]["heartbeat_age_s"] == 7.0
 
 

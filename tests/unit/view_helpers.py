@@ -25,9 +25,13 @@ def status_fixture(tmp_path: Path) -> dict:
     (run / "nodes" / "1" / "exit.json").write_text(json.dumps({"returncode": 137, "stop_reason": "signal SIGTERM"}))
     for rank in (0, 1):
         lines = [json.dumps({"t": 1000.0 + s, "rank": rank, "host": f"gpu0{rank + 1}", "step": s, "max_steps": 10,
-                             "loss": 6.0 - s * 0.5 - rank * 0.1, "tokens": s * 100, "event": "step"})
+                             "loss": 6.0 - s * 0.5 - rank * 0.1, "tokens": s * 100, "event": "step",
+                             "compute_s": 0.02 + 0.03 * rank})
                  for s in range(1, 6 - rank * 2)]
         (run / "heartbeats" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    (run / "stragglers.json").write_text(json.dumps({"named": [{"rank": 1, "host": "gpu02", "median_s": 0.05,
+                                                                "others_s": 0.02, "ratio": 2.5, "window": 3, "step": 3,
+                                                                "t": 1004.0, "attempt": 0, "action": "warn"}]}))
     return {"id": "sft-1", "state": "FAILED", "backend": "ssh", "handle": "ssh://sft-1", "cluster": "lab",
             "world_size": 2, "restarts": 1, "exit_code": 1, "root_cause": "node 1 (gpu02) failed: signal SIGKILL",
             "run_dir": str(run), "created": 900.0, "updated": 1010.0}

@@ -20,7 +20,8 @@ their own step numbers and losses in the records: once a script calls it, the op
 
 Records: one JSON line per event appended to ORCHESTRATE_HEARTBEAT_DIR/rank<G>.jsonl (G = RANK), with exactly
 the contract's fields {"t", "rank", "host", "step", "max_steps", "loss", "tokens", "event"} (+ named extras
-such as "proc_start" on the "boot" mark). Each write is one os.write of whole lines on an O_APPEND descriptor;
+such as "proc_start" on the "boot" mark, and "compute_s" on a step record when the hooks timed the rank's forward:
+the straggler evidence, see `add_compute`). Each write is one os.write of whole lines on an O_APPEND descriptor;
 files are created 0600. A write error never fails a run (one warning on stderr, then the writer goes quiet).
 
 Throttling: "step" records written with `lazy=True` (the optimizer-step hook, `beat`) are buffered and written
@@ -49,6 +50,7 @@ CONTRACT_FIELDS = ("t", "rank", "host", "step", "max_steps", "loss", "tokens", "
 FLUSH_S = float(os.environ.get("ORCHESTRATE_HEARTBEAT_FLUSH_S") or 0.5)
 
 _claims: set[str] = set()
+_compute = [0.0]  # seconds this rank spent in its model's own forward since the last step record (add_compute)
 _default: "Writer | None" = None
 _hook: "Writer | None" = None
 _writers: "list[Writer]" = []  # every open writer of this process, flushed at exit
@@ -68,7 +70,22 @@ def env_rank() -> int:
 
 _LINE = ('{"t": %r, "rank": %d, "host": %s, "step": %d, "max_steps": %d, "loss": %s, "tokens": %s, '
          '"event": %s}\n')
+_STEP_ENDS = ("step", "save_start")  # the records that end a training step (a Trainer saving writes save_start)
 _EVENTS = {e: json.dumps(e) for e in ("step", "start", "save_start", "save", "end", "preempted", "boot", "dist")}
+
+
+def add_compute(seconds: float) -> None:
+    """Count `seconds` of this rank's own compute (its model's forward, timed by the hooks): the next step record
+    carries the sum as "compute_s", the straggler evidence (orchestrator.core.health)."""
+    _compute[0] += seconds
+
+
+def _take_compute() -> float | None:
+    s = _compute[0]
+    if s <= 0.0:
+        return None
+    _compute[0] = 0.0
+    return round(s, 6)
 
 
 def _number(x: float | None) -> str:
@@ -112,6 +129,10 @@ class Writer:
 
             self.host = socket.gethostname()
             self._host_json = json.dumps(self.host)
+        if event in _STEP_ENDS:  # the forward time since the last step record goes with this one
+            compute = _take_compute()
+            if compute is not None:
+                extra["compute_s"] = compute
         if extra:
             rec = {"t": time.time(), "rank": self.rank, "host": self.host, "step": int(step),
                    "max_steps": int(max_steps or 0), "loss": None if loss is None else float(loss),

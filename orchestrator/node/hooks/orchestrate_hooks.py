@@ -93,9 +93,67 @@ def _optimizer_stepped(optimizer, args, kwargs) -> None:
         s.overhead_s += time.perf_counter() - t0
         return
     s.steps += 1
+    if s.steps == 1:
+        _time_forward()
+    _Forward.depth = 0  # (a forward that raised never ran its post-hook)
     if not hb._claims:  # no Trainer callback / beat() writes the step records
         (hb._hook or hb.hook_writer()).write("step", s.steps, lazy=True)
     s.overhead_s += time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------------------------- straggler evidence
+
+class _Forward:
+    """The rank's own compute, timed cheaply: wall seconds inside its model's outermost forward (global module hooks,
+    installed at the first optimizer step). Wrappers that synchronize ranks before calling the model (DDP broadcasts
+    buffers, FSDP / DeepSpeed gather parameters) are not the outermost module: their inner model is, so the time
+    excludes waiting for the other ranks where the wrapper's own forward holds the collective (DDP, ZeRO-1/2; under
+    FSDP / ZeRO-3 the model's layers gather parameters inside, and the evidence is blurred by that wait)."""
+    depth = 0
+    t0 = 0.0
+    wrappers: dict = {}  # type -> is a wrapper (cached per class)
+
+
+_WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel", "DeepSpeedEngine", "DataParallel",
+             "PipelineEngine")
+
+
+def _is_wrapper(module) -> bool:
+    tp = type(module)
+    known = _Forward.wrappers.get(tp)
+    if known is None:
+        known = _Forward.wrappers[tp] = tp.__name__ in _WRAPPERS
+    return known
+
+
+def _forward_pre(module, args) -> None:
+    f = _Forward
+    if f.depth == 0:
+        if _is_wrapper(module):
+            return
+        f.t0 = time.perf_counter()
+    f.depth += 1
+
+
+def _forward_post(module, args, out) -> None:
+    f = _Forward
+    if f.depth == 0:
+        return  # a wrapper's end (never counted)
+    f.depth -= 1
+    if f.depth == 0:
+        hb.add_compute(time.perf_counter() - f.t0)
+
+
+def _time_forward() -> None:
+    if os.environ.get("ORCHESTRATE_STRAGGLER_EVIDENCE", "1").strip().lower() in _OFF:
+        return
+    try:
+        from torch.nn.modules import module as nn_module
+
+        nn_module.register_module_forward_pre_hook(_forward_pre)
+        nn_module.register_module_forward_hook(_forward_post)
+    except Exception as e:  # noqa: BLE001 - never break the user's run
+        _warn(f"no straggler evidence in this rank: {type(e).__name__}: {e}")
 
 
 def _on_torch_optimizer(module) -> None:
