@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import threading
 import time
@@ -151,7 +152,7 @@ class Throttler:
                     except ProcessLookupError:
                         pid = None
             self.cycles += 1
-            time.sleep(self.period_s - self.stop_s)
+            time.sleep(random.uniform(0, 2 * (self.period_s - self.stop_s)))  # (random: never phase-locked to steps)
 
     def stop(self) -> None:
         self.done.set()

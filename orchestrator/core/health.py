@@ -31,6 +31,9 @@ class StragglerSpec:
     factor: Annotated[float, "straggler_factor"] = 1.3
     window: Annotated[int, "pos_int"] = 20
     action: Annotated[str, "straggler_action"] = "warn"
+    # ... and slower by at least this many seconds per step: sub-millisecond forwards jitter by tens of percent (kernel
+    # timing, time-sliced GPUs) without any rank being worth replacing
+    min_gap_s: Annotated[float, "nonneg_number"] = 0.002
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ class HealthMonitor:
         strag = getattr(health, "straggler", None) or StragglerSpec()
         self.straggler_factor = float(strag.factor)
         self.straggler_window = min(int(strag.window), MAX_WINDOW)
+        self.straggler_gap = float(strag.min_gap_s)
 
     def feed(self, rec: dict[str, Any], received: float) -> None:
         try:
@@ -203,9 +207,9 @@ class HealthMonitor:
         return text + (f"; ranks {', '.join(others)} also silent" if others else "")
 
     def stragglers(self) -> list[Straggler]:
-        """Ranks slower than the others by health.straggler.factor over the last health.straggler.window steps, the
-        slowest first. Judged only once every rank has a full window of evidence (nothing is said on less), and
-        against the median of the OTHER ranks' medians (with 2 ranks: the other one)."""
+        """Ranks slower than the others by health.straggler.factor (and by at least min_gap_s) over the last
+        health.straggler.window steps, the slowest first. Judged only once every rank has a full window of evidence
+        (nothing is said on less), against the median of the OTHER ranks' medians (with 2 ranks: the other one)."""
         n = self.straggler_window
         medians: dict[int, float] = {}
         for r in range(self.world_size):
@@ -216,7 +220,8 @@ class HealthMonitor:
         out = []
         for r, m in medians.items():
             others = median(v for q, v in medians.items() if q != r) if len(medians) > 1 else m
-            if others > 0 and m > self.straggler_factor * others:
+            slower = m > self.straggler_factor * others and m - others >= self.straggler_gap
+            if others > 0 and slower:
                 st = self.ranks[r]
                 out.append(Straggler(r, st.host, m, others, n, st.step))
         return sorted(out, key=lambda x: -x.ratio)

@@ -17,10 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def _submit(tmp_path: Path, name: str, job_guard, slow_rank: int | None):
+def _submit(tmp_path: Path, name: str, job_guard, slow_rank: int | None, window: int = 10):
     home = job_guard.home(tmp_path / name)
     args = ["submit", REPO / "recipes/configs/sft_tiny.yaml", "--nodes", "2", "trainer.max_steps=80",
-            "health.straggler.window=10", f"trainer.output_dir={tmp_path / name / 'out'}"]
+            f"health.straggler.window={window}", f"trainer.output_dir={tmp_path / name / 'out'}"]
     throttle = None
     if slow_rank is not None:
         throttle = Throttler(lambda: ranks_of(job_ids(home)[-1]).get(slow_rank) if job_ids(home) else None)
@@ -47,6 +47,6 @@ def test_a_rank_made_slow_is_named_and_an_even_run_names_no_one(tmp_path, job_gu
     assert ranks[0]["compute_s"] > 0 and ranks[1]["compute_s"] > 0, ranks  # (the evidence now; named: then)
     assert named["median_s"] > 1.3 * named["others_s"] > 0, named
     assert "slow     rank 1 on localhost: " in text and "SLOW " in text, text
-    out, st, text, _ = _submit(tmp_path, "even", job_guard, slow_rank=None)
+    out, st, text, _ = _submit(tmp_path, "even", job_guard, slow_rank=None, window=20)
     assert st["stragglers"] == [] and "straggler" not in out and "SLOW" not in text, (st["ranks"], text)
     assert all(r["compute_s"] for r in st["ranks"]), st["ranks"]

@@ -67,6 +67,17 @@ def test_the_median_of_the_window_ignores_a_few_slow_steps_and_a_restart_forgets
     assert mon.stragglers() == [] and 1 not in mon.evidence()
 
 
+def test_a_sub_millisecond_difference_is_no_straggler_whatever_the_ratio():
+    mon = monitor(2, factor=1.3, window=5)  # (min_gap_s 0.002 by default)
+    feed(mon, 0, range(1, 6), 0.0009)
+    feed(mon, 1, range(1, 6), 0.0014)  # 1.56x, 0.5 ms: jitter of a time-sliced GPU, seen on an H200
+    assert mon.stragglers() == []
+    mon = monitor(2, factor=1.3, window=5, min_gap_s=0.0)
+    feed(mon, 0, range(1, 6), 0.0009)
+    feed(mon, 1, range(1, 6), 0.0014)
+    assert [s.rank for s in mon.stragglers()] == [1]
+
+
 def test_with_two_ranks_the_slow_one_is_named_not_both():
     mon = monitor(2, factor=1.3, window=5)
     feed(mon, 0, range(1, 6), 0.1)

@@ -96,6 +96,8 @@ def _optimizer_stepped(optimizer, args, kwargs) -> None:
     if s.steps == 1:
         _time_forward()
     _Forward.depth = 0  # (a forward that raised never ran its post-hook)
+    if _Forward.pending:
+        _read_events()  # the forwards whose GPU work is done count for this step's record
     if not hb._claims:  # no Trainer callback / beat() writes the step records
         (hb._hook or hb.hook_writer()).write("step", s.steps, lazy=True)
     s.overhead_s += time.perf_counter() - t0
@@ -104,14 +106,39 @@ def _optimizer_stepped(optimizer, args, kwargs) -> None:
 # ------------------------------------------------------------------------------------- straggler evidence
 
 class _Forward:
-    """The rank's own compute, timed cheaply: wall seconds inside its model's outermost forward (global module hooks,
-    installed at the first optimizer step). Wrappers that synchronize ranks before calling the model (DDP broadcasts
+    """The rank's own compute, timed cheaply: seconds inside its model's outermost forward (global module hooks,
+    installed at the first optimizer step). On a GPU the kernels run after the forward returns, so the time is the GPU's
+    own: a pair of CUDA timing events around the forward on the current stream, read once the end event has completed
+    (never waited for: at a later forward or optimizer step), which also counts the GPU idling while this rank's CPU
+    was slow to launch. On CPU: wall seconds. Wrappers that synchronize ranks before calling the model (DDP broadcasts
     buffers, FSDP / DeepSpeed gather parameters) are not the outermost module: their inner model is, so the time
     excludes waiting for the other ranks where the wrapper's own forward holds the collective (DDP, ZeRO-1/2; under
     FSDP / ZeRO-3 the model's layers gather parameters inside, and the evidence is blurred by that wait)."""
     depth = 0
     t0 = 0.0
     wrappers: dict = {}  # type -> is a wrapper (cached per class)
+    cuda = None  # torch.cuda when this rank computes on a GPU (decided at the first timed forward), else False
+    start = None  # the current forward's start event (GPU)
+    pending: list = []  # (start, end) events of forwards not read yet
+
+
+def _cuda_timing(module):
+    """torch.cuda if `module`'s parameters live on a GPU, else False (checked once per process)."""
+    try:
+        import torch
+
+        p = next(module.parameters(), None)
+        return torch.cuda if p is not None and p.is_cuda else False
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _read_events() -> None:
+    f = _Forward
+    while f.pending and f.pending[0][1].query():
+        start, end = f.pending.pop(0)
+        hb.add_compute(start.elapsed_time(end) / 1000.0)
+    del f.pending[:-64]  # (never more than a few: each is read at the next step at the latest)
 
 
 _WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel", "DeepSpeedEngine", "DataParallel",
@@ -131,7 +158,15 @@ def _forward_pre(module, args) -> None:
     if f.depth == 0:
         if _is_wrapper(module):
             return
-        f.t0 = time.perf_counter()
+        if f.cuda is None:
+            f.cuda = _cuda_timing(module)
+        if f.cuda:
+            if f.pending:
+                _read_events()
+            f.start = f.cuda.Event(enable_timing=True)
+            f.start.record()
+        else:
+            f.t0 = time.perf_counter()
     f.depth += 1
 
 
@@ -141,7 +176,13 @@ def _forward_post(module, args, out) -> None:
         return  # a wrapper's end (never counted)
     f.depth -= 1
     if f.depth == 0:
-        hb.add_compute(time.perf_counter() - f.t0)
+        if f.cuda and f.start is not None:
+            end = f.cuda.Event(enable_timing=True)
+            end.record()
+            f.pending.append((f.start, end))
+            f.start = None
+        elif not f.cuda:
+            hb.add_compute(time.perf_counter() - f.t0)
 
 
 def _time_forward() -> None:
