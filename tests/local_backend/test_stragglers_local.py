@@ -25,7 +25,9 @@ def _submit(tmp_path: Path, name: str, job_guard, slow_rank: int | None, window:
     if slow_rank is not None:
         throttle = Throttler(lambda: ranks_of(job_ids(home)[-1]).get(slow_rank) if job_ids(home) else None)
     try:
-        p = cli(*args, env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=600)
+        # one thread per rank: the 2 local nodes share this machine's 2 cores (on 2 threads each, the ranks take
+        # turns on the cores and one of them really is slower now and then: a straggler, but of the test's making)
+        p = cli(*args, env={"ORCHESTRATE_HOME": home, "OMP_NUM_THREADS": "1"}, cwd=REPO, timeout=600)
     finally:
         if throttle:
             throttle.stop()
