@@ -30,12 +30,10 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.trainerranges import config_class_name
+
 CACHE_FORMAT = 1
 KINDS = ("int", "float", "bool", "str", "list", "dict", "any")
-
-
-def config_class_name(recipe: str) -> str:
-    return "DPOConfig" if recipe == "dpo" else "SFTConfig"
 
 
 def kind_of(tp: Any) -> str:

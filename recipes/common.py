@@ -203,7 +203,19 @@ def build_config(config_cls, cfg: dict, rt: Runtime, extra_defaults: dict | None
         t.setdefault(k, v)
     if "model_init_kwargs" not in t:
         t["model_init_kwargs"] = model_init_kwargs(cfg["model"])
-    return config_cls(**older_names(config_cls, t))
+    return config_cls(**as_parsed(config_cls, older_names(config_cls, t)))
+
+
+def as_parsed(config_cls, t: dict) -> dict:
+    """An integer given for a float field becomes a float, as HfArgumentParser reads it from a command line: a YAML
+    `adam_beta1: 0` would reach torch's Adam as an int, which it refuses ("betas must be either both floats or both
+    Tensors") although the plan took the value (orchestrator.core.trainerranges)."""
+    import dataclasses
+
+    from orchestrator.trlfields import field_kinds
+
+    kinds = field_kinds(config_cls) if dataclasses.is_dataclass(config_cls) else {}
+    return {k: float(v) if type(v) is int and kinds.get(k) in ("float", "opt_float") else v for k, v in t.items()}
 
 
 def older_names(config_cls, t: dict) -> dict:

@@ -121,8 +121,6 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
     "pos_int": lambda x: None if _is_int(x) and x >= 1 else f"must be an integer >= 1, got {x!r}",
     "nonneg_int": lambda x: None if _is_int(x) and x >= 0 else f"must be an integer >= 0, got {x!r}",
     "pos_number": lambda x: None if _is_number(x) and x > 0 else f"must be a number > 0, got {x!r}",
-    "steps": lambda x: None if _is_int(x) and (x == -1 or x >= 1)
-    else f"must be -1 (no limit) or an integer >= 1, got {x!r}",
     "port": lambda x: None if _is_int(x) and 1 <= x <= 65535 else f"must be a port number 1-65535, got {x!r}",
     "str_or_list": lambda x: None if _str_or_list(x) else "must be a string or a non-empty list of strings",
     "hosts": lambda x: None if _str_or_list(x) else "must be a host, a host expression or a non-empty list of hosts",

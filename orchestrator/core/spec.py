@@ -29,6 +29,7 @@ from orchestrator.core.schema import (Argv, Check, EnvMap, EnvName, GpuIds, Host
                                       Port, PosInt, Prefixes, Procs, RunArgs, StrOrList, Url, arg_text, build,
                                       check_value, duplicate_hosts, expand_host_entry, from_plain, is_secret_name,
                                       mask_url, one_of, rules, suggest, to_plain)
+from orchestrator.core.trainerranges import always_checked, broken_rule, config_class_name, takes_fractions
 from orchestrator.errors import ConfigError, Problem
 
 _DOT_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)*$")
@@ -393,16 +394,8 @@ class ClusterSpec:
 
 RECIPES: tuple[str, ...] = rules(RecipeSpec)["recipe"].choices or ()
 
-# Ranges of the trainer settings the plan itself uses (batch arithmetic, token counts, sequence multiples).
-PLAN_TRAINER_CHECKS = {
-    "per_device_train_batch_size": "pos_int",
-    "gradient_accumulation_steps": "pos_int",
-    "max_length": "opt_pos_int",
-    "learning_rate": "pos_number",
-    "max_steps": "steps",
-    "pad_to_multiple_of": "opt_pos_int",
-}
-# TRL field kinds (orchestrator.trlfields) -> value checks (core.schema.CHECKS); other kinds accept anything.
+# TRL field kinds (orchestrator.trlfields) -> value checks (core.schema.CHECKS); other kinds accept anything, null
+# too (`any` is a union the kinds cannot name, such as TRL's `pad_to_multiple_of: int | "auto" | None`).
 _TRL_CHECKS = {"int": "int", "float": "float", "bool": "bool", "str": "text", "list": "list", "dict": "mapping"}
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
@@ -410,7 +403,7 @@ _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 def _trl_check(kind: str) -> str:
     opt = kind.startswith("opt_")
     base = kind[4:] if opt else kind
-    return ("opt_" if opt else "") + _TRL_CHECKS[base] if base in _TRL_CHECKS else "any"
+    return ("opt_" if opt else "") + _TRL_CHECKS[base] if base in _TRL_CHECKS else "opt_any"
 
 
 # A built-in recipe's `trainer:` key -> the older TrainingArguments field that means the same; where the installed
@@ -422,12 +415,14 @@ TRAINER_ALIASES = {"activation_checkpointing": "gradient_checkpointing",
 
 def check_trainer(trainer: dict[str, Any], recipe: str, kinds: Mapping[str, str] | None
                   ) -> tuple[dict[str, Any], list[Problem]]:
-    """The `trainer:` block against TRL's field kinds (`kinds`, None: not known) and the plan's ranges.
+    """The `trainer:` block against TRL's field kinds (`kinds`, None: not known), then each value that has the right
+    type against the trainer's ranges (core.trainerranges.RANGES: what TrainingArguments / TRL / torch would refuse).
 
     A float field also takes an int, and a number written as a string (YAML 1.1 reads `1e-4` as one)
     becomes a float; an `opt_` kind takes null. Returns (the block, every problem)."""
     out: dict[str, Any] = {}
     problems: list[Problem] = []
+    typed: list[str] = []  # keys whose value has the field's type: their ranges are checked below
     for key, value in trainer.items():
         where = f"trainer.{key}"
         field = TRAINER_ALIASES.get(key, key) if kinds is not None and key not in kinds else key
@@ -438,14 +433,20 @@ def check_trainer(trainer: dict[str, Any], recipe: str, kinds: Mapping[str, str]
             problems.append(Problem(where, "looks like a secret: pass it by launch.secret_env"))
             continue
         trl = (kinds or {}).get(field, "any")
-        check = PLAN_TRAINER_CHECKS.get(key) or _trl_check(trl)
-        numeric = trl in ("float", "opt_float") or check == "pos_number"
+        numeric = trl in ("float", "opt_float") or (kinds is None and takes_fractions(key))
         if numeric and isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
             value = float(value)
-        msg = check_value(check, value)
+        msg = check_value(_trl_check(trl), value)
         if msg:
             problems.append(Problem(where, msg))
+        else:
+            typed.append(key)
         out[key] = value
+    config = config_class_name(recipe)
+    for key in typed:
+        rule = broken_rule(key, out[key], out, config)
+        if rule is not None:
+            problems.append(Problem(f"trainer.{key}", rule.problem(out[key])))
     for key, older in TRAINER_ALIASES.items():
         if key in trainer and older in trainer:
             problems.append(Problem(f"trainer.{older}", f"the same switch as trainer.{key}: give one of them"))
@@ -542,7 +543,8 @@ def check_run(run: RunSpec, kinds: Mapping[str, str] | None, trl_commands: TrlCo
     """The `run:` block beyond single fields: one entry point, a known module name / TRL training subcommand, no
     accelerate launch options, and the options that are TrainingArguments / TRL config fields (`kinds`) checked
     like `trainer:` values. Other options pass (your code has its own), except for a TRL subcommand, whose parser
-    is known: a typo is refused here, not on every rank once the job has started."""
+    is known: a typo is refused here, not on every rank once the job has started. The ranges (core.trainerranges)
+    hold for the options that are fields of the run's config, and for the ones the plan reads wherever given."""
     problems: list[Problem] = []
     given = [k for k in ("script", "module", "trl") if getattr(run, k) is not None]
     if len(given) != 1:
@@ -550,8 +552,9 @@ def check_run(run: RunSpec, kinds: Mapping[str, str] | None, trl_commands: TrlCo
                         (f" (got {', '.join(given)})" if given else ""))]
     accepted: set[str] | None = None
     label = run.kind
+    config: str | None = "TrainingArguments"  # the class whose ranges hold (core.trainerranges); None: not known
     if run.trl is not None:
-        label = f"trl {run.trl}"
+        label, config = f"trl {run.trl}", None
         table = trl_command_table(trl_commands)
         entry = table.get(run.trl)
         training = sorted(n for n, e in table.items() if e.get("training"))
@@ -565,6 +568,8 @@ def check_run(run: RunSpec, kinds: Mapping[str, str] | None, trl_commands: TrlCo
             return problems
         if entry.get("options"):
             accepted = {option_name(o) for o in entry["options"]} | {"config"}
+        config = entry.get("config")
+    settings = run_settings(run, kinds)
     for name, (value, where) in run.options().items():
         if run.kind == "trl" and name in ACCELERATE_LAUNCH_OPTIONS:
             problems.append(Problem(where, f"--{name} is an `accelerate launch` option: orchestrate sets the launch "
@@ -577,13 +582,13 @@ def check_run(run: RunSpec, kinds: Mapping[str, str] | None, trl_commands: TrlCo
             problems.append(Problem(where, "looks like a secret: pass it by launch.secret_env"))
             continue
         kind = (kinds or {}).get(name)
-        if kind is None and name not in PLAN_TRAINER_CHECKS:
+        if kind is None and not always_checked(name):
             continue
         coerced, msg = coerce_arg(value, kind or "any")
-        if msg is None and name in PLAN_TRAINER_CHECKS:
-            if isinstance(coerced, str):
-                coerced = guess_arg(coerced)
-            msg = check_value(PLAN_TRAINER_CHECKS[name], coerced)
+        rule = None if msg else broken_rule(name, guess_arg(coerced) if isinstance(coerced, str) else coerced,
+                                            settings, config)
+        if rule is not None:
+            msg = rule.problem(guess_arg(value) if isinstance(value, str) else value)  # a word: the number written
         if msg:
             problems.append(Problem(where, msg))
     return problems

@@ -89,13 +89,13 @@ def test_kind_of_simple_types():
 
 
 @pytest.mark.parametrize("key,value,message", [
-    ("learning_rate", "fast", "must be a number > 0, got 'fast'"),
-    ("learning_rate", 0, "must be a number > 0, got 0"),
+    ("learning_rate", "fast", "must be a number, got 'fast'"),
+    ("learning_rate", -0.001, "must be a number >= 0, got -0.001"),
     ("per_device_train_batch_size", 0, "must be an integer >= 1, got 0"),
     ("gradient_accumulation_steps", -1, "must be an integer >= 1, got -1"),
     ("max_length", -3, "must be an integer >= 1, got -3"),
     ("max_steps", 0, "must be -1 (no limit) or an integer >= 1, got 0"),
-    ("pad_to_multiple_of", 0, "must be an integer >= 1, got 0"),
+    ("pad_to_multiple_of", 0, "must be an integer >= 1 or auto, got 0"),
     ("packing", "yes", "must be true or false, got 'yes'"),
     ("seed", 1.5, "must be an integer, got 1.5"),
     ("warmup_steps", "some", "must be a number, got 'some'"),
