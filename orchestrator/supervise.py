@@ -293,8 +293,14 @@ class Supervisor:
                         if isinstance(ev, Line):
                             if self.on_line:
                                 self.on_line(ev.node, ev.text)
-                        elif isinstance(ev, Beat):
-                            monitor.feed(ev.record, time.time())
+                        elif isinstance(ev, Beat):  # (judged with the host as the job names it, not the rank's
+                            rec = ev.record  # own hostname: "rank 1 on gpu02 hung", never the machine's name)
+                            try:
+                                host = self._host_of(job, int(rec["rank"]))
+                            except (KeyError, TypeError, ValueError):
+                                host = ""
+                            monitor.feed(dict(rec, host=host) if host and host != rec.get("host") else rec,
+                                         time.time())
                             if self.on_beat:
                                 self.on_beat(ev.record)
                         elif isinstance(ev, NodeEnded):

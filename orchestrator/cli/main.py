@@ -221,7 +221,7 @@ def cmd_submit(args) -> int:
         return 129
     if result.state == "COMPLETED":
         from orchestrator.cli.views import completed_text
-        print(completed_text(job, result_line))
+        print(completed_text(job, result_line, prepared.plan.run_dir))
         return 0
     print(f"job {job} {result.state}: {result.root_cause}", file=sys.stderr)
     return 130 if result.state == "CANCELLED" else 1

@@ -58,16 +58,19 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
         r = node["node_rank"]
         agent = _read_json(run_dir / "nodes" / str(r) / "agent.json")
         exit_ = _read_json(run_dir / "nodes" / str(r) / "exit.json")
-        nodes.append({"node": r, "host": agent.get("host") or node.get("host") or "", "ranks": node["ranks"],
+        # the host as the job names it (the cluster file's; the machine's own name only where the plan had none,
+        # as on SLURM before the allocation)
+        nodes.append({"node": r, "host": node.get("host") or agent.get("host") or "", "ranks": node["ranks"],
                       "exit_code": exit_.get("returncode"), "stop_reason": exit_.get("stop_reason") or None,
                       "outputs": (handle_nodes.get(r) or {}).get("outputs")})  # host:path where not shared
     evidence = monitor.evidence()
     named = [s for s in (_read_json(run_dir / "stragglers.json").get("named") or []) if isinstance(s, dict)]
     slow = {s.get("rank"): s for s in named}
+    host_of = {rank: n["host"] for n in nodes for rank in n["ranks"] if n["host"]}
     ranks = []
     for st in monitor.snapshot():
-        ranks.append({"rank": st.rank, "host": st.host, "step": st.step, "max_steps": st.max_steps,
-                      "loss": st.loss, "tokens": st.tokens, "event": st.event,
+        ranks.append({"rank": st.rank, "host": host_of.get(st.rank) or st.host, "step": st.step,
+                      "max_steps": st.max_steps, "loss": st.loss, "tokens": st.tokens, "event": st.event,
                       "heartbeat_age_s": round(now - st.t, 1) if st.t else None,
                       "losses": [loss for _, loss in st.losses],
                       "compute_s": round(evidence[st.rank], 6) if st.rank in evidence else None,
@@ -76,7 +79,16 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
             "cluster": record["cluster"], "nodes": nodes, "ranks": ranks, "restarts": record.get("restarts") or 0,
             "exit_code": record.get("exit_code"), "root_cause": record.get("root_cause"), "run_dir": record["run_dir"],
             "created": record["created"], "updated": record["updated"], "fetched": _fetched(run_dir),
-            "container": _container(run_dir, plan), "excluded": _excluded(run_dir), "stragglers": named}
+            "container": _container(run_dir, plan), "excluded": _excluded(run_dir), "stragglers": named,
+            "attempts": _attempts(run_dir)}
+
+
+def _attempts(run_dir: Path) -> list[dict[str, Any]]:
+    """Every attempt that ended before the last one, with why and what was decided (RUN_DIR/restarts.jsonl): on
+    SLURM a crash is retried within health.max_restarts, and a job that then completes still shows what failed."""
+    from orchestrator.node.rundir import RunDir
+    return [{"attempt": a.attempt, "decision": a.decision, "reason": a.reason, "step": a.step, "host": a.host,
+             "kind": a.kind, "exclude": a.exclude} for a in RunDir(run_dir).attempts()]
 
 
 def _excluded(run_dir: Path) -> dict[str, str]:
@@ -162,6 +174,8 @@ def status_text(st: dict[str, Any]) -> str:
         lines.append(f"sched    {st['scheduler']}")
     if st["root_cause"]:
         lines.append(f"cause    {st['root_cause']}")
+    for a in st.get("attempts") or []:
+        lines.append(f"attempt  {a['attempt']}: {a['reason'][:300]}")
     for host, why in (st.get("excluded") or {}).items():
         lines.append(f"excluded {host}: {why}")
     for s in st.get("stragglers") or []:
@@ -208,14 +222,33 @@ def jobs_text(records: list[dict[str, Any]], now: float | None = None) -> str:
     return "\n".join(lines)
 
 
-def completed_text(job: str, result: dict[str, Any]) -> str:
-    """The line `submit` prints when a job completed, from the recipe's ORCHESTRATE_RESULT (may be empty)."""
+def completed_text(job: str, result: dict[str, Any], run_dir: str | Path | None = None) -> str:
+    """The line `submit` prints when a job completed, from the recipe's ORCHESTRATE_RESULT (may be empty). A
+    checkpoint that `outputs.fetch` brought back is shown where it is now, on this machine."""
     msg = f"job {job} COMPLETED"
     first, last = result.get("first_loss"), result.get("final_loss")
     if isinstance(first, (int, float)) and isinstance(last, (int, float)):
         msg += f": loss {first:.3f} -> {last:.3f} over {result.get('global_step')} steps"
     ck = result.get("last_checkpoint") or result.get("output_dir")
+    if ck and run_dir is not None:
+        ck = local_copy(str(ck), Path(run_dir))
     return msg + (f"; checkpoint: {ck}" if ck else "")
+
+
+def local_copy(path: str, run_dir: Path) -> str:
+    """`path` on a host (the job's output dir there, or inside it) as the fetched copy on this machine, when
+    `outputs.fetch` brought it back (RUN_DIR/fetched.json, staged.json's output_local); else `path` unchanged."""
+    staged, fetched = _read_json(run_dir / "staged.json"), _read_json(run_dir / "fetched.json")
+    local, key = staged.get("output_local"), staged.get("output_key")
+    if not local or not fetched.get("files"):
+        return path
+    for marker in filter(None, (f"/{key}" if key else "", "/output")):
+        head, sep, rel = (path.rstrip("/") + "/").partition(marker + "/")
+        if sep:
+            candidate = Path(local, rel.rstrip("/"))
+            if candidate.exists():
+                return str(candidate)
+    return path
 
 
 def last_step(run_dir: str) -> int | None:

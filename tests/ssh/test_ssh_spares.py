@@ -62,6 +62,10 @@ def test_a_host_that_crashes_every_attempt_is_replaced_by_the_spare(testbed, tmp
     assert list(st["excluded"]) == [b] and "crash, twice in a row" in st["excluded"][b], st["excluded"]
     text = cli("status", job, env={"ORCHESTRATE_HOME": home}).stdout
     assert f"excluded {b}: " in text, text
+    # every attempt's cause, and the hosts as the cluster file names them (the testbed hosts are one machine)
+    assert [x["attempt"] for x in st["attempts"]] == [0, 1], st["attempts"]
+    assert all("SIGKILL" in x["reason"] for x in st["attempts"]) and "attempt  1: node " in text, text
+    assert [r["host"] for r in st["ranks"]] == [a, c] and [n["host"] for n in st["nodes"]] == [a, c], st
     if testbed.private:  # the spare had no checkpoint of its own: it got the newest one before it resumed
         staged = json.loads((run_dir / "staged.json").read_text())
         assert list(staged["seeded"]) == [c] and f"from {a}" in staged["seeded"][c], staged["seeded"]

@@ -72,6 +72,7 @@ def test_builtin_sft_trains_fetches_back_and_a_resubmit_moves_nothing(private_te
             from_node1.append(str(rel))
         assert _sha(f.read_bytes()) == _sha(remote), rel
     assert from_node1 == ["rng_state_1.pth"], from_node1
+    assert f"; checkpoint: {out / 'checkpoint-6'}" in p.stdout, p.stdout[-2000:]  # the fetched copy, here
     st = cli("status", rd.name, env={"ORCHESTRATE_HOME": home})
     assert f"outputs  node 0: {tb.hosts[0]}:{WORK}/{staged['output_key']}" in st.stdout, st.stdout
     # staged files on the host: owner-only, read-only
