@@ -15,7 +15,7 @@ import os
 import sys
 
 from orchestrator import __version__
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import ConfigError, OrchestratorError, Problem
 from orchestrator.types import is_terminal
 
 EPILOG = """examples:
@@ -58,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--detach", "-d", action="store_true", help="validate, start a background supervisor that runs "
                    "and monitors the job, print its id and return (then: orchestrate attach JOB)")
     s.add_argument("--job-id", default=None, help=argparse.SUPPRESS)
+    s.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
+                   help="run a grid: one job per combination of the values (repeat for more keys); every point is "
+                        "planned first, then run at most --max-parallel at once (local and SSH clusters)")
+    s.add_argument("--max-parallel", type=int, default=None, help="with --sweep: points running at once (default all)")
+    s.add_argument("--stop-if-worse", type=float, default=None, metavar="X",
+                   help="with --sweep: cancel a point whose loss is NaN or above X times the best point's at the same "
+                        "step (recorded as stopped early)")
 
     r = sub.add_parser("render", help="dry run: write the plan and every per-node file to a directory",
                        description="Dry run: writes DIR/plan.json, DIR/recipe.yaml and DIR/nodes/<rank>/"
@@ -87,7 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="PNG of loss and tokens/s per rank over steps")
     pl.add_argument("job")
     pl.add_argument("--out", "-o", default=None, help="PNG path (default RUN_DIR/plot.png)")
-    c = sub.add_parser("cancel", help="cancel a job: every process on every node")
+    sw = sub.add_parser("sweep", help="a sweep's points sorted by final loss: state, step, final and best loss")
+    sw.add_argument("sweep_id", help="the sweep id that submit --sweep printed")
+    sw.add_argument("--json", action="store_true", help="machine-readable output")
+    c = sub.add_parser("cancel", help="cancel a job, or a sweep (every point): every process on every node")
     c.add_argument("job")
     g = sub.add_parser("gc", help="remove finished jobs: run dirs, records, their hosts' run dirs and staged files",
                        description="Remove finished jobs older than --older-than: their run dirs and store records "
@@ -146,6 +156,11 @@ def cmd_submit(args) -> int:
     from orchestrator import api
     from orchestrator.core.render import summary
     from orchestrator.cli.views import staging_text
+    if args.sweep:
+        return _submit_sweep(args)
+    for flag, value in (("--max-parallel", args.max_parallel), ("--stop-if-worse", args.stop_if_worse)):
+        if value is not None:
+            raise ConfigError(Problem(flag, "only with --sweep"))
     prepared = _prepare(args)
     print(summary(prepared.plan), flush=True)
     if staging_text(prepared.files):
@@ -390,8 +405,44 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def _submit_sweep(args) -> int:
+    from orchestrator import sweep
+    if args.stop_if_worse is not None and not args.stop_if_worse > 1:
+        raise ConfigError(Problem("--stop-if-worse", f"must be a number > 1, got {args.stop_if_worse}"))
+    if args.detach or args.job_id:
+        raise ConfigError(Problem("--sweep", "not with --detach (a detached sweep is not built yet: run it in tmux / "
+                                             "nohup) nor --job-id"))
+    if args.dry_run:
+        sweep_id, planned, _ = sweep.plan_points(args, args.sweep)
+        print(f"sweep {sweep_id} (dry run): {len(planned)} point(s), every one planned")
+        for point, _ov in planned:
+            print(f"  p{point.index}  {point.label()}")
+        return 0
+    return sweep.run(args, args.sweep, say=lambda line: print(line, flush=True))
+
+
+def cmd_sweep(args) -> int:
+    from orchestrator import sweep
+    doc = sweep.read_sweep(args.sweep_id)
+    if doc is None:
+        raise ConfigError(Problem(args.sweep_id, "no such sweep (ORCHESTRATE_HOME/sweeps)"))
+    rows = sweep.table_rows(doc)
+    if args.json:
+        print(json.dumps({"id": doc["id"], "max_parallel": doc.get("max_parallel"), "points": rows}, indent=2))
+    else:
+        print(sweep.sweep_text(doc, rows))
+    return 0
+
+
 def cmd_cancel(args) -> int:
     from orchestrator import api
+    from orchestrator import sweep
+    doc = sweep.read_sweep(args.job)
+    if doc is not None:
+        states = sweep.cancel(doc)
+        for job, state in states.items():
+            print(f"job {job} {state}")
+        return 0 if all(s in ("CANCELLED", "NOT STARTED") or is_terminal(s) for s in states.values()) else 1
     rec = _record(args.job)
     if is_terminal(rec.state):
         print(f"job {rec.id} already {rec.state}")
@@ -419,7 +470,7 @@ def cmd_gc(args) -> int:
 
 
 COMMANDS = {"submit": cmd_submit, "render": cmd_render, "ls": cmd_ls, "status": cmd_status, "logs": cmd_logs,
-            "attach": cmd_attach, "plot": cmd_plot, "cancel": cmd_cancel, "gc": cmd_gc}
+            "attach": cmd_attach, "plot": cmd_plot, "cancel": cmd_cancel, "gc": cmd_gc, "sweep": cmd_sweep}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,346 @@
+"""Sweeps, the side effects: every point validated first, then run as ordinary jobs, at most --max-parallel at once.
+
+`orchestrate submit JOB --sweep KEY=V1,V2 [--sweep ...] [--max-parallel P] [--stop-if-worse X]` expands the grid
+(orchestrator/core/sweep.py), plans every point with the job's own flags and overrides plus the point's (any bad
+point: exit 2 naming the point and the key, nothing submitted), records the sweep in ORCHESTRATE_HOME/sweeps/<sweep
+id>.json, then runs each point as `orchestrate submit ... --job-id <sweep id>-p<i>` in a session of its own: a point
+is a job like any other (run dir, store record, supervisor, restarts, its own output dir `<output dir>/<sweep
+id>-p<i>`), and `status`, `logs` and `cancel` work on it. The runner streams each point's output prefixed `[p<i>]`,
+starts the next point when one ends, and on Ctrl-C / SIGTERM / SIGHUP (or `orchestrate cancel SWEEP_ID`) starts no
+more and cancels the running ones. `orchestrate sweep SWEEP_ID` prints the points sorted by their final loss (rank
+0's last logged loss). With --stop-if-worse X a running point whose loss is NaN, or above X times the best loss
+another point had at the same step, is cancelled and recorded as stopped early (the sweep still succeeds). Local and
+SSH clusters (on SSH, points wait for each other's hosts through the hosts' leases where those exist); SLURM sweeps
+as one array job are not built: refused with a clear line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from orchestrator.core.sweep import Point, check_parallel, expand, point_job_id
+from orchestrator.errors import ConfigError, Problem
+
+SWEEPS = "sweeps"
+
+
+def sweeps_dir() -> Path:
+    from orchestrator.store import home
+    return home() / SWEEPS
+
+
+def new_sweep_id() -> str:
+    return f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def read_sweep(sweep_id: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads((sweeps_dir() / f"{sweep_id}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_sweep(doc: dict[str, Any]) -> None:
+    from orchestrator.store import private_dir
+    d = private_dir(sweeps_dir())
+    tmp = d / f".{doc['id']}.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, d / f"{doc['id']}.json")
+
+
+def _output_override(prepared, point_dir: str) -> str | None:
+    """The override that gives a point its own output dir: the built-in recipes' trainer.output_dir, own code's
+    run.args.output_dir (mapping-form args); None where the job's output dir cannot be set apart."""
+    from orchestrator.core.spec import RunJobSpec
+    recipe = prepared.recipe
+    if not isinstance(recipe, RunJobSpec):
+        return f"trainer.output_dir={Path(recipe.trainer['output_dir']) / point_dir}"
+    if isinstance(recipe.run.args, dict):
+        return f"run.args.output_dir={Path(recipe.output_dir) / point_dir}"
+    return None
+
+
+def plan_points(args, options: list[str]) -> tuple[str, list[tuple[Point, list[str]]], Any]:
+    """(sweep id, [(point, its overrides)], the first point's Prepared): every point planned, every problem named."""
+    from orchestrator import api
+    points = expand(options)
+    sweep_id = new_sweep_id()
+    base = api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
+                       profile=args.profile, overrides=list(args.overrides), job_id=sweep_id)
+    if base.cluster.kind == "slurm":
+        raise ConfigError(Problem("--sweep", "a sweep on SLURM (one --array job) is not built yet; submit the points "
+                                             "one by one, or sweep on a local or SSH cluster"), source=args.cluster)
+    planned, problems, first = [], [], None
+    for point in points:
+        jid = point_job_id(sweep_id, point)
+        out = _output_override(base, jid)
+        if out is None:
+            raise ConfigError(Problem("--sweep", "each point needs its own output dir: give own code's args as a "
+                                                 "mapping (run.args: {output_dir: ...}) so the sweep can set it"),
+                              source=args.recipe)
+        overrides = list(args.overrides) + list(point.overrides) + [out]
+        try:
+            prepared = api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
+                                   profile=args.profile, overrides=overrides, job_id=jid)
+        except ConfigError as e:
+            problems += [Problem(f"point p{point.index} ({point.label()}): {p.where}".rstrip(": "), p.message)
+                         for p in e.problems]
+            continue
+        first = first or prepared
+        planned.append((point, overrides))
+    if problems:
+        raise ConfigError(problems, source=args.recipe)
+    return sweep_id, planned, first
+
+
+def _child_argv(args, overrides: list[str], job_id: str) -> list[str]:
+    argv = [sys.executable, "-m", "orchestrator.cli", "submit", str(args.recipe), *overrides, "--job-id", job_id]
+    for flag, value in (("--nodes", args.nodes), ("--procs-per-node", args.procs_per_node),
+                        ("--profile", args.profile), ("--cluster", args.cluster)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.quiet:
+        argv.append("--quiet")
+    return argv
+
+
+def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
+    """Plan every point, then run them at most --max-parallel at once. Exit 0 when every point COMPLETED, 130 when
+    cancelled, else 1."""
+    sweep_id, planned, first = plan_points(args, options)
+    parallel = check_parallel(args.max_parallel, len(planned))
+    doc = {"id": sweep_id, "created": time.time(), "job_file": str(args.recipe), "cluster": args.cluster,
+           "overrides": list(args.overrides), "options": list(options), "max_parallel": parallel,
+           "runner_pid": os.getpid(), "points": [{"index": p.index, "overrides": list(p.overrides),
+                                                  "job_id": point_job_id(sweep_id, p)} for p, _ in planned]}
+    _write_sweep(doc)
+    say(f"sweep {sweep_id}: {len(planned)} point(s), at most {parallel} at once "
+        f"(orchestrate sweep {sweep_id}; orchestrate cancel {sweep_id})")
+    cancel = threading.Event()
+    procs: dict[int, subprocess.Popen] = {}
+    codes: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def stop(_sig=None, _frame=None) -> None:
+        cancel.set()
+        with lock:
+            for p in procs.values():
+                if p.poll() is None:
+                    try:
+                        os.kill(p.pid, signal.SIGTERM)  # (the point's submit cancels its job and exits)
+                    except ProcessLookupError:
+                        pass
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    def pump(index: int, p: subprocess.Popen) -> None:
+        assert p.stdout is not None
+        for line in p.stdout:
+            try:
+                say(f"[p{index}] {line.rstrip()}")
+            except OSError:
+                pass
+
+    pending = list(planned)
+    readers: list[threading.Thread] = []
+    curves = Curves(sweeps_dir().parent / "runs")
+    next_judge = 0.0
+    try:
+        while (pending or procs) and not (cancel.is_set() and not procs):
+            with lock:
+                for i, p in list(procs.items()):
+                    if p.poll() is not None:
+                        codes[i] = p.returncode
+                        del procs[i]
+                if args.stop_if_worse and time.monotonic() >= next_judge:
+                    next_judge = time.monotonic() + 1.0
+                    for i, why in curves.judge(doc, set(procs), float(args.stop_if_worse)).items():
+                        _stop_early(doc, i, why, procs[i])
+                        say(f"sweep {sweep_id}: p{i} stopped early: {why}")
+                while pending and len(procs) < parallel and not cancel.is_set():
+                    point, overrides = pending.pop(0)
+                    jid = point_job_id(sweep_id, point)
+                    say(f"sweep {sweep_id}: starting p{point.index} ({point.label()}) as job {jid}")
+                    p = subprocess.Popen(_child_argv(args, overrides, jid), stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True, errors="replace",
+                                         start_new_session=True)
+                    procs[point.index] = p
+                    t = threading.Thread(target=pump, args=(point.index, p), daemon=True)
+                    t.start()
+                    readers.append(t)
+            time.sleep(0.2)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        for t in readers:
+            t.join(5)
+    states = table_rows(doc)
+    say(sweep_text(doc, states))
+    if cancel.is_set():
+        return 130
+    return 0 if all(r["state"] == "COMPLETED" or r.get("stopped_early") for r in states) else 1
+
+
+class Curves:
+    """Rank 0's loss per step of every point, read incrementally from its heartbeats (RUNS/<job>/heartbeats)."""
+
+    def __init__(self, runs: Path):
+        self.runs = runs
+        self.loss: dict[int, dict[int, float]] = {}  # point -> step -> loss (NaN kept)
+        self.offsets: dict[int, int] = {}
+
+    def read(self, index: int, job_id: str) -> dict[int, float]:
+        curve = self.loss.setdefault(index, {})
+        try:
+            with open(self.runs / job_id / "heartbeats" / "rank0.jsonl", "rb") as fh:
+                fh.seek(self.offsets.get(index, 0))
+                data = fh.read()
+        except OSError:
+            return curve
+        cut = data.rfind(b"\n") + 1
+        self.offsets[index] = self.offsets.get(index, 0) + cut
+        for line in data[:cut].decode(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec.get("loss"), (int, float)) and isinstance(rec.get("step"), int):
+                curve[rec["step"]] = float(rec["loss"])
+        return curve
+
+    def judge(self, doc: dict[str, Any], running: set[int], factor: float) -> dict[int, str]:
+        """Running points to stop: a NaN / infinite loss, or a loss above `factor` x the best loss any other point
+        had at the same step."""
+        for pt in doc["points"]:
+            self.read(pt["index"], pt["job_id"])
+        out = {}
+        for i in sorted(running):
+            curve = self.loss.get(i) or {}
+            if not curve:
+                continue
+            step = max(curve)
+            loss = curve[step]
+            if not math.isfinite(loss):
+                out[i] = f"loss {loss} at step {step}"
+                continue
+            others = [(c[step], j) for j, c in self.loss.items() if j != i and step in c and math.isfinite(c[step])]
+            if others:
+                best, j = min(others)
+                if best > 0 and loss > factor * best:
+                    out[i] = (f"loss {loss:.4g} at step {step} is more than {factor:g} x the best point's "
+                              f"{best:.4g} (p{j}) at that step")
+        return out
+
+
+def _stop_early(doc: dict[str, Any], index: int, why: str, proc: subprocess.Popen) -> None:
+    """Cancel point `index` (its submit is our child) with the reason recorded in its run dir and the sweep."""
+    from orchestrator.node.rundir import RunDir
+    from orchestrator.store import JobStore
+    pt = next(p for p in doc["points"] if p["index"] == index)
+    rec = JobStore().get(pt["job_id"])
+    if rec is not None:
+        RunDir(rec.run_dir).request_cancel(f"stopped early by sweep {doc['id']}: {why}")
+    pt["stopped_early"] = why
+    _write_sweep(doc)
+    try:
+        os.kill(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
+def _losses(run_dir: str) -> tuple[float | None, float | None, int | None]:
+    """(final loss, best loss, last step) of rank 0's heartbeats."""
+    final = best = step = None
+    try:
+        lines = Path(run_dir, "heartbeats", "rank0.jsonl").read_text(errors="replace").splitlines()
+    except OSError:
+        return None, None, None
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        loss = rec.get("loss")
+        if isinstance(rec.get("step"), int) and rec.get("event") in ("step", "save_start", "end"):
+            step = max(step or 0, rec["step"])
+        if isinstance(loss, (int, float)) and math.isfinite(loss):
+            final = float(loss)
+            best = final if best is None else min(best, final)
+    return final, best, step
+
+
+def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per point: overrides, job, state, step, final and best loss; sorted by final loss (none last)."""
+    from orchestrator.store import JobStore
+    store = JobStore()
+    rows = []
+    for pt in doc.get("points") or []:
+        rec = store.get(pt["job_id"])
+        final = best = step = None
+        if rec is not None:
+            final, best, step = _losses(rec.run_dir)
+        rows.append({"point": f"p{pt['index']}", "overrides": pt["overrides"], "job": pt["job_id"],
+                     "state": rec.state if rec else "NOT STARTED", "step": step, "final_loss": final,
+                     "best_loss": best, "root_cause": (rec.root_cause if rec else None),
+                     "stopped_early": pt.get("stopped_early")})
+    return sorted(rows, key=lambda r: (r["final_loss"] is None, r["final_loss"] or 0.0, r["point"]))
+
+
+def sweep_text(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    def loss(v):
+        return "-" if v is None else f"{v:.4f}"
+    lines = [f"sweep {doc['id']}: {len(rows)} point(s), at most {doc.get('max_parallel')} at once",
+             f"{'POINT':<6} {'STATE':<11} {'STEP':>6} {'FINAL':>8} {'BEST':>8}  OVERRIDES"]
+    for r in rows:
+        lines.append(f"{r['point']:<6} {r['state']:<11} {r['step'] if r['step'] is not None else '-':>6} "
+                     f"{loss(r['final_loss']):>8} {loss(r['best_loss']):>8}  {' '.join(r['overrides'])}"
+                     + (f"  (stopped early: {r['stopped_early']})" if r.get("stopped_early") else ""))
+    return "\n".join(lines)
+
+
+def _is_runner(pid: int, doc: dict[str, Any]) -> bool:
+    """`pid` is still this sweep's runner (not a process that got its number since): an orchestrate submit with
+    --sweep that started before the sweep was recorded."""
+    from orchestrator.node.proctools import process_start_time
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    started = process_start_time(pid)
+    return (b"--sweep" in argv and b"submit" in argv and started is not None
+            and started <= float(doc.get("created") or 0) + 1)
+
+
+def cancel(doc: dict[str, Any]) -> dict[str, str]:
+    """Stop the sweep: its runner starts no more points (SIGTERM; it cancels the running ones), and every point
+    still running is cancelled here too (a runner that is gone leaves them to us). Returns job -> final state."""
+    from orchestrator import api
+    from orchestrator.store import JobStore
+    from orchestrator.types import is_terminal
+    pid = doc.get("runner_pid")
+    if isinstance(pid, int) and pid > 0 and _is_runner(pid, doc):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    out = {}
+    for pt in doc.get("points") or []:
+        rec = JobStore().get(pt["job_id"])
+        if rec is None:
+            out[pt["job_id"]] = "NOT STARTED"
+        elif is_terminal(rec.state):
+            out[pt["job_id"]] = rec.state
+        else:
+            out[pt["job_id"]] = api.cancel(rec.id)
+    return out

@@ -1,0 +1,129 @@
+"""Sweeps on 2 local nodes (issue #27 part 1): a grid of points, each an ordinary job (own id, run dir, output dir),
+every point planned before anything starts, at most --max-parallel running at once (checked from the node agents'
+own start and end records), the table sorted by final loss; a point that diverges is stopped early with
+--stop-if-worse; `orchestrate cancel SWEEP_ID` stops the sweep (running points CANCELLED, the rest never started)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import OFFLINE_ENV, PYTHON, cli
+
+REPO = Path(__file__).resolve().parents[2]
+SFT = REPO / "recipes/configs/sft_tiny.yaml"
+pytestmark = pytest.mark.slow
+
+
+def _sweep_id(out: str) -> str:
+    m = re.search(r"^sweep (sweep-\S+): \d+ point", out, re.M)
+    assert m, out[-3000:]
+    return m.group(1)
+
+
+def _intervals(home: Path, job: str) -> list[tuple[float, float]]:
+    rd = home / "runs" / job
+    out = []
+    for node in (0, 1):
+        agent = json.loads((rd / "nodes" / str(node) / "agent.json").read_text())
+        end = json.loads((rd / "nodes" / str(node) / "exit.json").read_text())
+        out.append((agent["started"], end["time"]))
+    return out
+
+
+def test_a_grid_runs_two_at_a_time_and_the_table_is_sorted_by_loss(tmp_path, job_guard):
+    home = job_guard.home(tmp_path / "home")
+    env = {"ORCHESTRATE_HOME": home, "OMP_NUM_THREADS": "1"}
+    p = cli("submit", SFT, "--nodes", "2", "--sweep", "trainer.learning_rate=1e-4,3e-3", "--sweep", "trainer.seed=1,2",
+            "--max-parallel", "2", "--quiet", "trainer.max_steps=6", f"trainer.output_dir={tmp_path / 'out'}",
+            env=env, cwd=REPO, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    sid = _sweep_id(out)
+    jobs = [f"{sid}-p{i}" for i in range(4)]
+    spans = []
+    for job in jobs:  # every point is a job of its own: record, run dir, output dir
+        st = json.loads(cli("status", job, "--json", env=env).stdout)
+        assert st["state"] == "COMPLETED", st
+        assert (tmp_path / "out" / job / "model.safetensors").is_file() or list((tmp_path / "out" / job).iterdir())
+        node_spans = _intervals(home, job)
+        spans.append((min(s for s, _ in node_spans), max(e for _, e in node_spans)))
+    # never more than 2 points at once: at every point's start, count the points running
+    for start, _ in spans:
+        running = sum(1 for s, e in spans if s <= start < e)
+        assert running <= 2, spans
+    assert max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans) == 2, spans  # and 2 did overlap
+    table = json.loads(cli("sweep", sid, "--json", env=env).stdout)
+    losses = [r["final_loss"] for r in table["points"]]
+    assert all(isinstance(x, float) for x in losses) and losses == sorted(losses), table
+    assert {r["state"] for r in table["points"]} == {"COMPLETED"} and table["max_parallel"] == 2
+    best = table["points"][0]
+    assert "trainer.learning_rate=3e-3" in best["overrides"], table  # the larger rate learns faster in 6 steps
+    text = cli("sweep", sid, env=env).stdout
+    assert text.splitlines()[1].split()[:5] == ["POINT", "STATE", "STEP", "FINAL", "BEST"], text
+
+
+def test_a_bad_point_is_named_and_nothing_is_submitted(tmp_path, job_guard):
+    home = job_guard.home(tmp_path / "home")
+    p = cli("submit", SFT, "--nodes", "2", "--sweep", "trainer.learning_rate=1e-3,fast", "--sweep", "trainer.seed=1",
+            env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert ("point p1 (trainer.learning_rate=fast trainer.seed=1): trainer.learning_rate: must be a number, got "
+            "'fast'") in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert not (home / "runs").exists() or not list((home / "runs").iterdir())
+    for bad, message in ((["--sweep", "trainer.seed"], "--sweep trainer.seed: must be KEY=V1,V2,..."),
+                         (["--sweep", "trainer.seed=1,,2"], "an empty value"),
+                         (["--sweep", "trainer.seed=1", "--sweep", "trainer.seed=2"], "trainer.seed is swept twice"),
+                         (["--max-parallel", "2"], "--max-parallel: only with --sweep"),
+                         (["--sweep", "trainer.seed=1,2", "--max-parallel", "0"], "--max-parallel: must be an integer")):
+        p = cli("submit", SFT, *bad, env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=120)
+        assert p.returncode == 2 and message in p.stderr, (bad, p.stderr)
+
+
+def test_a_diverging_point_is_stopped_early(tmp_path, job_guard):
+    home = job_guard.home(tmp_path / "home")
+    env = {"ORCHESTRATE_HOME": home, "OMP_NUM_THREADS": "1"}
+    p = cli("submit", SFT, "--nodes", "2", "--sweep", "trainer.learning_rate=3e-3,50", "--stop-if-worse", "1.5",
+            "--quiet", "trainer.max_steps=200", "trainer.logging_steps=1", "trainer.save_steps=1000",
+            f"trainer.output_dir={tmp_path / 'out'}", env=env, cwd=REPO, timeout=900)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    sid = _sweep_id(out)
+    assert f"sweep {sid}: p1 stopped early: " in out, out[-3000:]
+    table = {r["point"]: r for r in json.loads(cli("sweep", sid, "--json", env=env).stdout)["points"]}
+    assert table["p0"]["state"] == "COMPLETED" and table["p0"]["step"] == 200, table
+    assert table["p1"]["state"] == "CANCELLED" and table["p1"]["stopped_early"], table
+    assert table["p1"]["step"] < 200 and f"stopped early by sweep {sid}: " in table["p1"]["root_cause"], table
+
+
+def test_cancel_of_a_sweep_stops_the_running_points_and_starts_no_more(tmp_path, job_guard):
+    home = job_guard.home(tmp_path / "home")
+    env = {**OFFLINE_ENV, "ORCHESTRATE_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    runner = subprocess.Popen([PYTHON, "-m", "orchestrator.cli", "submit", str(SFT), "--nodes", "2", "--sweep",
+                               "trainer.seed=1,2,3", "--max-parallel", "1", "--quiet", "trainer.max_steps=100000",
+                               f"trainer.output_dir={tmp_path / 'out'}"], cwd=REPO, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    job_guard.proc(runner)
+    seen, sid = "", None
+    deadline = time.monotonic() + 300
+    assert runner.stdout is not None
+    while time.monotonic() < deadline:
+        line = runner.stdout.readline()
+        seen += line
+        sid = sid or (re.search(r"^sweep (sweep-\S+): \d+ point", line) or [None, None])[1]
+        if "progress: step" in line:  # p0 trains
+            break
+    assert sid, seen[-3000:]
+    c = cli("cancel", sid, env={"ORCHESTRATE_HOME": home}, timeout=120)
+    assert c.returncode == 0 and f"job {sid}-p0 CANCELLED" in c.stdout, c.stdout + c.stderr
+    assert f"job {sid}-p1 NOT STARTED" in c.stdout and f"job {sid}-p2 NOT STARTED" in c.stdout, c.stdout
+    rest, _ = runner.communicate(timeout=120)
+    assert runner.returncode == 130, (seen + rest)[-3000:]
+    table = {r["point"]: r["state"] for r in json.loads(cli("sweep", sid, "--json", env=env).stdout)["points"]}
+    assert table == {"p0": "CANCELLED", "p1": "NOT STARTED", "p2": "NOT STARTED"}, table
