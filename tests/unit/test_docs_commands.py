@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBCOMMANDS = ("submit", "render", "ls", "status", "attach", "logs", "plot", "cancel", "gc")
-OPERATOR = ("status", "attach", "logs", "plot", "cancel")
+SUBCOMMANDS = ("submit", "render", "ls", "status", "attach", "logs", "plot", "cancel", "gc", "sweep")
+OPERATOR = ("status", "attach", "logs", "plot", "cancel", "sweep")
 RECIPE = "recipes/configs/sft_tiny.yaml"
 
 # Placeholders as the docs write them -> what the test runs.
@@ -40,6 +40,7 @@ SUBSTITUTE = {
     "N": "0",
     "R": "0",
     "RE": "loss",
+    "SWEEP_ID": "sweep-20260101-000000-abcd",
 }
 # `...` stands for "the usual arguments": after --cluster a cluster file, after submit/render the recipe.
 ELLIPSIS_AFTER = {"--cluster": "cluster_configs/ssh_example.yaml", "-c": "cluster_configs/ssh_example.yaml",
