@@ -10,6 +10,7 @@ health.straggler.factor over health.straggler.window steps (`stragglers`).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
@@ -126,6 +127,20 @@ class Stall:
                 f"{self.phase} (limit {self.limit_s:.0f}s), last step {self.step}")
 
 
+def median_without(ordered: list[float], value: float) -> float:
+    """The median of sorted `ordered` with one occurrence of `value` taken out, in O(log n) (a monitor of 8,192 ranks
+    asks it of every rank); `value` itself when it is the only one."""
+    n = len(ordered)
+    if n < 2:
+        return value
+    i = bisect_left(ordered, value)
+
+    def at(k: int) -> float:  # the k-th of the n - 1 values left
+        return ordered[k if k < i else k + 1]
+    m = n - 1
+    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
+
+
 class HealthMonitor:
     def __init__(self, health: HealthSpec, world_size: int, started: float):
         self.stall_timeout = float(health.stall_timeout)
@@ -144,7 +159,9 @@ class HealthMonitor:
             rank = int(rec["rank"])
         except (KeyError, TypeError, ValueError):
             return
-        st = self.ranks.setdefault(rank, RankState(rank))
+        st = self.ranks.get(rank)
+        if st is None:
+            st = self.ranks[rank] = RankState(rank, compute=deque(maxlen=self.straggler_window))
         st.received = received
         st.t = float(rec.get("t") or 0.0)
         st.host = str(rec.get("host") or st.host)
@@ -216,10 +233,11 @@ class HealthMonitor:
             st = self.ranks.get(r)
             if st is None or len(st.compute) < n:
                 return []
-            medians[r] = median(c for _, c in list(st.compute)[-n:])
+            medians[r] = median(c for _, c in st.compute)  # (the deque holds the last window only)
         out = []
+        ordered = sorted(medians.values())
         for r, m in medians.items():
-            others = median(v for q, v in medians.items() if q != r) if len(medians) > 1 else m
+            others = median_without(ordered, m)
             slower = m > self.straggler_factor * others and m - others >= self.straggler_gap
             if others > 0 and slower:
                 st = self.ranks[r]
@@ -228,8 +246,7 @@ class HealthMonitor:
 
     def evidence(self) -> dict[int, float]:
         """Each rank's median forward seconds per step over its last window (or fewer) steps: status's column."""
-        n = self.straggler_window
-        return {r: median(c for _, c in list(st.compute)[-n:]) for r, st in sorted(self.ranks.items()) if st.compute}
+        return {r: median(c for _, c in st.compute) for r, st in sorted(self.ranks.items()) if st.compute}
 
     def progress(self) -> int:
         """The step every rank has reached (the slowest rank's step)."""

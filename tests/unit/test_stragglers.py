@@ -121,3 +121,17 @@ def test_bad_straggler_settings_are_named(override, message):
     with pytest.raises(ConfigError) as e:
         load(str(REPO / "recipes/configs/sft_tiny.yaml"), None, overrides=[override])
     assert message in str(e.value), str(e.value)
+
+
+def test_the_median_of_the_others_is_the_median_without_the_rank():
+    import random
+    from statistics import median
+
+    from orchestrator.core.health import median_without
+    rng = random.Random(7)
+    for n in range(1, 30):
+        values = [rng.choice([0.1, 0.2, 0.3, rng.random()]) for _ in range(n)]
+        ordered = sorted(values)
+        for i, v in enumerate(values):
+            rest = values[:i] + values[i + 1:]
+            assert median_without(ordered, v) == (median(rest) if rest else v), (values, i)
