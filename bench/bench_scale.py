@@ -131,7 +131,7 @@ def measure(nodes: int, ranks: int, rate: float, seconds: float, progress: bool,
     on_beat = None
     if progress:
         from orchestrator.cli.progress import Progress
-        prog = Progress(rich=False, stream=open(os.devnull, "w"))  # noqa: SIM115
+        prog = Progress(rich=False, stream=open(os.devnull, "w"))
         on_beat = prog.feed
     sup = Supervisor(plan_for(nodes, ranks, run_dir), on_beat=on_beat)
     cpu0, wall0 = time.thread_time(), time.perf_counter()
