@@ -235,3 +235,23 @@ def test_status_says_which_checkpoint_of_which_job_it_resumed(tmp_path):
     console = Console(file=io.StringIO(), width=300, force_terminal=True, record=True)
     console.print(tty.status_view(st))
     assert any(ln.split() == line.split() for ln in console.export_text().splitlines())
+
+
+def test_private_ssh_hosts_stage_no_path_for_latest_and_are_not_judged(tmp_path, monkeypatch):
+    """`latest` is a word, not a path to stage; and the submitter cannot see the hosts' output dirs (each host's
+    cache, docs/staging.md): a local output dir that holds another job's checkpoint is no reason to refuse."""
+    import yaml
+
+    from orchestrator import api
+    monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path / "home"))
+    out = tmp_path / "out"
+    ckpt(out, 4, A)
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(json.dumps({"kind": "ssh", "accelerator": "cpu",
+                                   "ssh": {"hosts": ["127.0.0.2", "127.0.0.3"], "workdir": "/srv/w"}}))
+    for mode in ("latest", "auto"):
+        p = api.prepare(RECIPE, str(cluster), nodes=2, cwd=REPO, check_trainer=False,
+                        overrides=[f"trainer.output_dir={out}", f"checkpoint.resume={mode}"])
+        assert yaml.safe_load(p.files["recipe.yaml"])["checkpoint"]["resume"] == mode
+        assert "resume" not in [s["label"] for s in json.loads(p.files["stage.json"])["sources"]]
+        assert p.resumed_from is None
