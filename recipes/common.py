@@ -238,10 +238,13 @@ def older_names(config_cls, t: dict) -> dict:
 def resolve_resume(cfg: dict, output_dir: str) -> str | None:
     """checkpoint.resume -> the checkpoint to resume from (orchestrate_checkpoint.resume_from: the zero-code hooks'
     rule too; a restart of a job begun from a path goes on from the job's own latest checkpoint)."""
-    from orchestrator.node.hooks.orchestrate_checkpoint import resume_from
+    from orchestrator.node.hooks.orchestrate_checkpoint import resume_from, whose
 
+    job = os.environ.get("ORCHESTRATE_JOB_ID", "").strip()
     try:
-        return resume_from((cfg.get("checkpoint") or {}).get("resume", "auto"), output_dir,
-                           os.environ.get("ORCHESTRATE_JOB_ID", "").strip())
+        path = resume_from((cfg.get("checkpoint") or {}).get("resume", "auto"), output_dir, job)
     except FileNotFoundError as e:
         raise RecipeError(str(e)) from None
+    if path and int(os.environ.get("RANK", "0") or 0) == 0:
+        print(f"orchestrate recipe: resuming from {path}{whose(path, job)}", file=sys.stderr, flush=True)
+    return path

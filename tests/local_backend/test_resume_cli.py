@@ -69,6 +69,7 @@ def test_a_new_job_is_refused_another_jobs_checkpoints_unless_it_asks(tmp_path, 
     assert said in c.stdout.splitlines(), c.stdout[:3000]
     res = _result(c.stdout)
     assert res["resumed_from"] == str(out / "checkpoint-4") and res["global_step"] == 6, res
+    assert f"orchestrate recipe: resuming from {out / 'checkpoint-4'}: a checkpoint of job {a}" in c.stdout  # rank 0
     assert _record(out / "checkpoint-6")["job_id"] == job_c  # what C writes is C's
     assert _record(out / "checkpoint-4")["job_id"] == a
     status = cli("status", job_c, env=env)
@@ -107,5 +108,6 @@ def test_a_restart_of_the_same_job_resumes_its_own_checkpoint(tmp_path, job_guar
     m = re.search(r"checkpoint-(\d+)$", str(res.get("resumed_from")))
     assert m and int(m.group(1)) >= 3 and res["global_step"] == 150, res
     assert _record(Path(res["resumed_from"]))["job_id"] == job
-    assert "resuming from" not in text and "resumed from" not in cli("status", job,
-                                                                        env={"ORCHESTRATE_HOME": str(home)}).stdout
+    assert f"orchestrate recipe: resuming from {res['resumed_from']}\n" in text  # rank 0's log: no other job named
+    assert "a checkpoint of job" not in text and not re.search(r"^resuming from", text, re.MULTILINE)
+    assert "resumed from" not in cli("status", job, env={"ORCHESTRATE_HOME": str(home)}).stdout

@@ -94,6 +94,7 @@ def test_record_and_describe(tmp_path):
     (bare / "trainer_state.json").write_text(json.dumps({"global_step": 6}))
     assert oc.describe(str(bare)) == {"path": str(bare), "job": None, "step": 6}  # step from trainer_state.json
     assert oc.describe(str(ckpt(tmp_path, 4, None)))["step"] == 4  # else from the name
+    assert oc.whose(str(d), B) == f": a checkpoint of job {A}" and oc.whose(str(d), A) == "" == oc.whose(str(bare), B)
     assert not oc.write_record(str(tmp_path / "checkpoint-9"), A, 9)  # no checkpoint there: nothing written
     assert not oc.write_record(str(d), "", 8)  # outside orchestrate (no job id): nothing written
     assert not (tmp_path / "checkpoint-9").exists()

@@ -11,7 +11,7 @@ rank, `orchestrator.node.hooks.orchestrate_checkpoint` from the package: the bui
 - `checkpoints(output_dir)` / `latest(output_dir)`: transformers' own rule (`trainer_utils.get_last_checkpoint`):
   directories named checkpoint-<N>, the highest N.
 - `describe(checkpoint_dir)`: {"path", "job", "step"}: the job from the record (None: written outside orchestrate),
-  the step from the record, else trainer_state.json's global_step, else N.
+  the step from the record, else trainer_state.json's global_step, else N; `whose` says it in a rank's log line.
 - `resume_from(mode, output_dir, job_id)`: what a rank resumes from for checkpoint.resume (ORCHESTRATE_RESUME):
   never / off -> None; auto / latest -> the latest checkpoint (None: a fresh start); a path -> that checkpoint,
   unless the output dir holds checkpoints this very job wrote since (a restart goes on from its own progress).
@@ -94,6 +94,12 @@ def describe(checkpoint_dir: str) -> dict:
         m = NAME.match(os.path.basename(os.path.normpath(checkpoint_dir)))
         step = int(m.group(1)) if m else None
     return {"path": checkpoint_dir, "job": job, "step": step}
+
+
+def whose(checkpoint_dir: str, job_id: str = "") -> str:
+    """': a checkpoint of job X' when its record names another job than `job_id` (what a rank's log adds), else ''."""
+    other = describe(checkpoint_dir)["job"]
+    return f": a checkpoint of job {other}" if other and other != job_id else ""
 
 
 def resume_from(mode, output_dir: str, job_id: str = "") -> str | None:

@@ -341,9 +341,7 @@ def _resume_arg(trainer, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     if ckpt is None:
         return args, kwargs
     if hb.env_rank() == 0:
-        other = oc.describe(ckpt)["job"]
-        _warn(f"resuming from {ckpt} (ORCHESTRATE_RESUME={mode})" +
-              (f": a checkpoint of job {other}" if other and other != job else ""))
+        _warn(f"resuming from {ckpt} (ORCHESTRATE_RESUME={mode}){oc.whose(ckpt, job)}")
     if args:
         return (ckpt,) + tuple(args[1:]), kwargs
     return args, {**kwargs, "resume_from_checkpoint": ckpt}
