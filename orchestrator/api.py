@@ -399,12 +399,13 @@ def _python_for(cluster: ClusterSpec) -> str:
 def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | None = None,
             procs_per_node: int | None = None, profile: str | None = None, overrides: list[str] | None = None,
             cwd: Path | None = None, job_id: str | None = None, check_trainer: bool = True,
-            run_dir: str | None = None, exclude: tuple[str, ...] = (), continuing: bool = False) -> Prepared:
+            run_dir: str | None = None, exclude: tuple[str, ...] = (), judge_checkpoints: bool = True) -> Prepared:
     """Everything `render` shows and `submit` runs, without writing anything. `run_dir` overrides where the
     run dir is (render: the output directory, so a rendered job.sbatch can be submitted by hand from it).
     `exclude`: hosts the job must not use (bad hosts taken out by the restart policy: SSH plans with the hosts left,
-    SLURM submits with --exclude). `continuing`: the job already ran (a re-plan), so the checkpoints in its output
-    dir are not judged again (`check_resume`: a new job only)."""
+    SLURM submits with --exclude). `judge_checkpoints`: whether a new job may take up the checkpoints in its output
+    dir (`check_resume`); False for a re-plan of a running job and for a sweep's base plan (its points get output
+    dirs of their own, each judged)."""
     from orchestrator.core.spec import RunJobSpec, fields_key, without_hosts
     from orchestrator.trlfields import trainer_defaults, trl_commands
     cwd = Path(cwd or os.getcwd())
@@ -430,7 +431,7 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
         defaults = trainer_defaults(fields_key(recipe.run))
     else:
         output_dir = recipe.trainer["output_dir"]
-    resumed_from = None if continuing else check_resume(recipe, cluster, output_dir, job_id)
+    resumed_from = check_resume(recipe, cluster, output_dir, job_id) if judge_checkpoints else None
     host_recipe, stage_files, rank_cwd, package = _staging(recipe, cluster, cwd, output_dir)
     accelerator = detect_accelerator(cluster)
     inventory, busy = gpu_facts(recipe, cluster, accelerator)
@@ -462,7 +463,7 @@ def replan(prepared: Prepared, exclude: str) -> Prepared:
     SLURM the next allocation excludes it."""
     inputs = dict(prepared.inputs)
     inputs["exclude"] = tuple(inputs.get("exclude") or ()) + (exclude,)
-    return prepare(**inputs, job_id=prepared.plan.job_id, continuing=True)
+    return prepare(**inputs, job_id=prepared.plan.job_id, judge_checkpoints=False)
 
 
 def output_dir_visible(cluster: ClusterSpec) -> bool:

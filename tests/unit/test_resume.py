@@ -152,7 +152,7 @@ def test_submit_refuses_another_jobs_checkpoint_before_anything(tmp_path, monkey
     assert f"checkpoint.resume: {out / 'checkpoint-4'}" in line and "trainer.output_dir" in line
     assert not (tmp_path / "home").exists()  # nothing written, nothing recorded
     assert _prepare(out, "checkpoint.resume=never").resumed_from is None  # a fresh start, as asked
-    assert _prepare(out, job_id="x", continuing=True).resumed_from is None  # a re-plan of a running job: not judged
+    assert _prepare(out, job_id="x", judge_checkpoints=False).resumed_from is None  # a re-plan: not judged
 
 
 @pytest.mark.parametrize("how", ["latest", "path"])
@@ -256,3 +256,17 @@ def test_private_ssh_hosts_stage_no_path_for_latest_and_are_not_judged(tmp_path,
         assert yaml.safe_load(p.files["recipe.yaml"])["checkpoint"]["resume"] == mode
         assert "resume" not in [s["label"] for s in json.loads(p.files["stage.json"])["sources"]]
         assert p.resumed_from is None
+
+
+def test_a_sweep_over_an_output_dir_with_another_jobs_checkpoints_is_planned(tmp_path):
+    """A sweep's points get output dirs of their own (<output dir>/<sweep id>-p<i>), each judged: the checkpoints of an
+    earlier job in the base output dir are no reason to refuse the sweep."""
+    from helpers import cli
+    out = tmp_path / "out"
+    ckpt(out, 4, A)
+    r = cli("submit", RECIPE, "--nodes", "2", "--sweep", "trainer.learning_rate=1e-4,3e-4", "--dry-run",
+            f"trainer.output_dir={out}", env={"ORCHESTRATE_HOME": str(tmp_path / "home")}, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "p0" in r.stdout and "p1" in r.stdout, r.stdout
+    assert cli("submit", RECIPE, f"trainer.output_dir={out}", "--dry-run", cwd=REPO,
+               env={"ORCHESTRATE_HOME": str(tmp_path / "home")}).returncode == 2  # (the same dir, one job: refused)
