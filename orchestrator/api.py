@@ -27,6 +27,7 @@ from orchestrator.types import JobHandle, JobResult, JobState, JobStatus, is_ter
 from orchestrator.core.jobplan import LaunchPlan, needed_packages
 from orchestrator.core.plan import PlanFacts, apply_plan_defaults, make_plan
 from orchestrator.core.render import render_files
+from orchestrator.core.resume import KEYWORDS as RESUME_KEYWORDS
 from orchestrator.core.schema import PROFILES
 from orchestrator.core.spec import ClusterSpec, RecipeSpec, load
 from orchestrator.trlfields import trainer_fields
@@ -43,6 +44,7 @@ class Prepared:
     plan: LaunchPlan
     files: dict[str, str]
     inputs: dict[str, Any] = dataclasses.field(default_factory=dict)  # prepare()'s arguments: how to re-plan it
+    resumed_from: dict[str, Any] | None = None  # {path, job, step}: another job's checkpoint it continues, as asked
 
 
 # ------------------------------------------------------------------------------------------- facts
@@ -268,7 +270,7 @@ def resolve_paths(recipe, cwd: Path):
         if given is None and run.kind == "trl":
             run = run.with_option("output_dir", output_dir)
         ckpt = recipe.checkpoint
-        if ckpt.resume not in ("auto", "never"):
+        if ckpt.resume not in RESUME_KEYWORDS:
             ckpt = replace(ckpt, resume=absolute(ckpt.resume))
         if problems:
             raise ConfigError(problems, source=recipe.source)
@@ -298,7 +300,7 @@ def resolve_paths(recipe, cwd: Path):
     out = trainer.get("output_dir") or f"outputs/{recipe.name}"
     trainer["output_dir"] = str((cwd / Path(out).expanduser()).resolve())
     ckpt = recipe.checkpoint
-    if ckpt.resume not in ("auto", "never"):
+    if ckpt.resume not in RESUME_KEYWORDS:
         ckpt = replace(ckpt, resume=str((cwd / Path(ckpt.resume).expanduser()).resolve()))
     if problems:
         raise ConfigError(problems, source=recipe.source)
@@ -397,11 +399,13 @@ def _python_for(cluster: ClusterSpec) -> str:
 def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | None = None,
             procs_per_node: int | None = None, profile: str | None = None, overrides: list[str] | None = None,
             cwd: Path | None = None, job_id: str | None = None, check_trainer: bool = True,
-            run_dir: str | None = None, exclude: tuple[str, ...] = ()) -> Prepared:
+            run_dir: str | None = None, exclude: tuple[str, ...] = (), judge_checkpoints: bool = True) -> Prepared:
     """Everything `render` shows and `submit` runs, without writing anything. `run_dir` overrides where the
     run dir is (render: the output directory, so a rendered job.sbatch can be submitted by hand from it).
     `exclude`: hosts the job must not use (bad hosts taken out by the restart policy: SSH plans with the hosts left,
-    SLURM submits with --exclude)."""
+    SLURM submits with --exclude). `judge_checkpoints`: whether a new job may take up the checkpoints in its output
+    dir (`check_resume`); False for a re-plan of a running job and for a sweep's base plan (its points get output
+    dirs of their own, each judged)."""
     from orchestrator.core.spec import RunJobSpec, fields_key, without_hosts
     from orchestrator.trlfields import trainer_defaults, trl_commands
     cwd = Path(cwd or os.getcwd())
@@ -427,6 +431,7 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
         defaults = trainer_defaults(fields_key(recipe.run))
     else:
         output_dir = recipe.trainer["output_dir"]
+    resumed_from = check_resume(recipe, cluster, output_dir, job_id) if judge_checkpoints else None
     host_recipe, stage_files, rank_cwd, package = _staging(recipe, cluster, cwd, output_dir)
     accelerator = detect_accelerator(cluster)
     inventory, busy = gpu_facts(recipe, cluster, accelerator)
@@ -447,7 +452,9 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
     files = render_files(plan, host_recipe.to_dict())
     files.update(stage_files)
     files.update(launcher_for(cluster).prepare(plan).files)  # e.g. the standalone job.sbatch (pure prepare)
-    return Prepared(recipe=recipe, cluster=cluster, plan=plan, files=files, inputs=inputs)
+    if resumed_from is not None:
+        files[RunDir.RESUMED] = json.dumps(resumed_from, indent=2, sort_keys=True) + "\n"
+    return Prepared(recipe=recipe, cluster=cluster, plan=plan, files=files, inputs=inputs, resumed_from=resumed_from)
 
 
 def replan(prepared: Prepared, exclude: str) -> Prepared:
@@ -456,7 +463,42 @@ def replan(prepared: Prepared, exclude: str) -> Prepared:
     SLURM the next allocation excludes it."""
     inputs = dict(prepared.inputs)
     inputs["exclude"] = tuple(inputs.get("exclude") or ()) + (exclude,)
-    return prepare(**inputs, job_id=prepared.plan.job_id)
+    return prepare(**inputs, job_id=prepared.plan.job_id, judge_checkpoints=False)
+
+
+def output_dir_visible(cluster: ClusterSpec) -> bool:
+    """The job's output dir, as the ranks see it, is this machine's path too: local, SLURM (a shared filesystem) and
+    SSH hosts with shared_fs: true. SSH hosts without one keep their outputs in their own cache (docs/staging.md)."""
+    return cluster.kind != "ssh" or bool(cluster.ssh and cluster.ssh.shared_fs)
+
+
+def check_resume(recipe, cluster: ClusterSpec, output_dir: str, job_id: str) -> dict[str, Any] | None:
+    """A NEW job must not silently continue another job's checkpoints (orchestrator.core.resume): the checkpoint its
+    checkpoint.resume would pick up is read here (its orchestrate.json: the job that wrote it) and judged before
+    anything starts. Refused: ConfigError (exit 2) naming the checkpoint, its job and step and the ways out.
+    Returns {path, job, step} when the job continues another job's checkpoint because the user asked for it, else
+    None. Where the output dir is not visible from here (SSH hosts without a shared filesystem) nothing is judged."""
+    from orchestrator.core.resume import Checkpoint, decide
+    from orchestrator.core.spec import RunJobSpec
+    from orchestrator.node.hooks import orchestrate_checkpoint as oc
+    mode = recipe.checkpoint.resume
+    if mode == "never" or not output_dir_visible(cluster):
+        return None
+    key = "trainer.output_dir"
+    if isinstance(recipe, RunJobSpec):
+        given, key = recipe.run.options().get("output_dir", (None, ""))
+        if not given:
+            return None  # the script chooses its output dir itself: not known here
+    if mode in ("auto", "latest"):
+        path = oc.latest(output_dir)
+    elif Path(mode).is_dir():
+        path = mode
+    else:
+        raise ConfigError(Problem("checkpoint.resume", f"{mode} is not a checkpoint directory"), source=recipe.source)
+    d = decide(mode, job_id, Checkpoint(**oc.describe(path)) if path else None, output_key=key)
+    if d.action == "refuse":
+        raise ConfigError(Problem("checkpoint.resume", d.message), source=recipe.source)
+    return d.checkpoint.to_dict() if d.announce and d.checkpoint is not None else None
 
 
 def spares_left(prepared: Prepared) -> int | None:

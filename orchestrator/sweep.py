@@ -77,7 +77,8 @@ def plan_points(args, options: list[str]) -> tuple[str, list[tuple[Point, list[s
     points = expand(options)
     sweep_id = new_sweep_id()
     base = api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
-                       profile=args.profile, overrides=list(args.overrides), job_id=sweep_id)
+                       profile=args.profile, overrides=list(args.overrides), job_id=sweep_id,
+                       judge_checkpoints=False)  # (only its output dir is used: each point's own is judged)
     if base.cluster.kind == "slurm":
         raise ConfigError(Problem("--sweep", "a sweep on SLURM (one --array job) is not built yet; submit the points "
                                              "one by one, or sweep on a local or SSH cluster"), source=args.cluster)

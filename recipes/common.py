@@ -236,13 +236,15 @@ def older_names(config_cls, t: dict) -> dict:
 
 
 def resolve_resume(cfg: dict, output_dir: str) -> str | None:
-    mode = (cfg.get("checkpoint") or {}).get("resume", "auto")
-    if mode in (None, "never", False):
-        return None
-    if mode == "auto":
-        from transformers.trainer_utils import get_last_checkpoint
+    """checkpoint.resume -> the checkpoint to resume from (orchestrate_checkpoint.resume_from: the zero-code hooks'
+    rule too; a restart of a job begun from a path goes on from the job's own latest checkpoint)."""
+    from orchestrator.node.hooks.orchestrate_checkpoint import resume_from, whose
 
-        return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-    if not os.path.isdir(str(mode)):
-        raise RecipeError(f"checkpoint.resume: {mode!r} is not a checkpoint directory")
-    return str(mode)
+    job = os.environ.get("ORCHESTRATE_JOB_ID", "").strip()
+    try:
+        path = resume_from((cfg.get("checkpoint") or {}).get("resume", "auto"), output_dir, job)
+    except FileNotFoundError as e:
+        raise RecipeError(str(e)) from None
+    if path and int(os.environ.get("RANK", "0") or 0) == 0:
+        print(f"orchestrate recipe: resuming from {path}{whose(path, job)}", file=sys.stderr, flush=True)
+    return path

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.jobplan import RUN_DIR_VAR
+from orchestrator.core.resume import KEYWORDS as RESUME_KEYWORDS  # auto latest never: no path to stage
 from orchestrator.errors import ConfigError, PreflightError, Problem, SubmitCancelled
 
 logger = logging.getLogger("orchestrate.ssh")
@@ -204,9 +205,9 @@ def plan_staging(recipe, cwd: Path, output_local: str, ssh) -> tuple[Any, Layout
             if tok and tok.startswith("/") and Path(tok).is_dir():
                 tok = add("tokenizer", tok, "model")
             ckpt = recipe.checkpoint
-            if ckpt.resume not in ("auto", "never") and out_path(ckpt.resume) is None:
+            if ckpt.resume not in RESUME_KEYWORDS and out_path(ckpt.resume) is None:
                 ckpt = replace(ckpt, resume=add("resume", ckpt.resume, "model"))
-            elif ckpt.resume not in ("auto", "never"):
+            elif ckpt.resume not in RESUME_KEYWORDS:
                 ckpt = replace(ckpt, resume=out_path(ckpt.resume))
             new = replace(recipe, data=replace(recipe.data, path=tuple(paths)), model=model, tokenizer=tok,
                           checkpoint=ckpt)
@@ -272,7 +273,7 @@ def plan_staging(recipe, cwd: Path, output_local: str, ssh) -> tuple[Any, Layout
     new_run = replace(run, script=script, args=args)
     launch = _each_node(recipe.launch)
     ckpt = recipe.checkpoint
-    if ckpt.resume not in ("auto", "never"):
+    if ckpt.resume not in RESUME_KEYWORDS:
         ckpt = replace(ckpt, resume=out_path(ckpt.resume) or (add("resume", ckpt.resume, "model") if stage
                                                                else ckpt.resume))
     new = replace(recipe, run=new_run, checkpoint=ckpt, launch=launch)

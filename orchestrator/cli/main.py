@@ -142,7 +142,9 @@ def cmd_render(args) -> int:
         print(prepared.plan.to_json(), end="")
     else:
         print(summary(prepared.plan))
-        from orchestrator.cli.views import staging_text
+        from orchestrator.cli.views import resuming_text, staging_text
+        if resuming_text(prepared):
+            print(resuming_text(prepared))
         if staging_text(prepared.files):
             print(staging_text(prepared.files))
         extra = ", job.sbatch (submit it by hand with: sbatch " + str(out / "job.sbatch") + ")" \
@@ -155,7 +157,7 @@ def cmd_render(args) -> int:
 def cmd_submit(args) -> int:
     from orchestrator import api
     from orchestrator.core.render import summary
-    from orchestrator.cli.views import staging_text
+    from orchestrator.cli.views import resuming_text, staging_text
     if args.sweep:
         return _submit_sweep(args)
     for flag, value in (("--max-parallel", args.max_parallel), ("--stop-if-worse", args.stop_if_worse)):
@@ -163,6 +165,8 @@ def cmd_submit(args) -> int:
             raise ConfigError(Problem(flag, "only with --sweep"))
     prepared = _prepare(args)
     print(summary(prepared.plan), flush=True)
+    if resuming_text(prepared):
+        print(resuming_text(prepared), flush=True)
     if staging_text(prepared.files):
         print(staging_text(prepared.files), flush=True)
     if getattr(prepared.recipe, "notify", None) is not None and prepared.recipe.notify.on:

@@ -13,7 +13,8 @@ import sys
 import time
 from typing import Any
 
-from orchestrator.cli.views import fmt_age, fmt_loss, fmt_step, jobs_text, rank_rows, sparkline, status_text
+from orchestrator.cli.views import (fmt_age, fmt_loss, fmt_step, jobs_text, rank_rows, resumed_text, sparkline,
+                                    status_text)
 
 COLOR_MODES = ("auto", "always", "never")
 
@@ -95,7 +96,8 @@ def status_header(st: dict[str, Any]):
     rows = [("job", st["job"]), ("state", state), ("backend", f"{st['backend']}  {st['handle'] or ''}".rstrip()),
             ("cluster", st["cluster"]), ("run dir", st["run_dir"]), ("restarts", str(st["restarts"])),
             ("scheduler", st.get("scheduler")),
-            ("root cause", st["root_cause"] and Text(st["root_cause"], style="red")), ("loss", _loss_line(st))]
+            ("root cause", st["root_cause"] and Text(st["root_cause"], style="red")), ("loss", _loss_line(st)),
+            ("resumed", st.get("resumed_from") and resumed_text(st["resumed_from"], verb=""))]
     for key, value in rows:
         if value:
             grid.add_row(key, value)

@@ -80,7 +80,7 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
             "exit_code": record.get("exit_code"), "root_cause": record.get("root_cause"), "run_dir": record["run_dir"],
             "created": record["created"], "updated": record["updated"], "fetched": _fetched(run_dir),
             "container": _container(run_dir, plan), "excluded": _excluded(run_dir), "stragglers": named,
-            "attempts": _attempts(run_dir)}
+            "attempts": _attempts(run_dir), "resumed_from": _resumed_from(run_dir)}
 
 
 def _attempts(run_dir: Path) -> list[dict[str, Any]]:
@@ -89,6 +89,26 @@ def _attempts(run_dir: Path) -> list[dict[str, Any]]:
     from orchestrator.node.rundir import RunDir
     return [{"attempt": a.attempt, "decision": a.decision, "reason": a.reason, "step": a.step, "host": a.host,
              "kind": a.kind, "exclude": a.exclude} for a in RunDir(run_dir).attempts()]
+
+
+def _resumed_from(run_dir: Path) -> dict[str, Any] | None:
+    """{path, job, step}: another job's checkpoint this job began from, as its checkpoint.resume asked
+    (RUN_DIR/resumed_from.json, api.check_resume); None for a job that began fresh or from its own."""
+    rec = _read_json(run_dir / "resumed_from.json")
+    return {k: rec.get(k) for k in ("path", "job", "step")} if rec.get("path") else None
+
+
+def resuming_text(prepared) -> str:
+    """What `submit` / `render` say of a job that will continue another job's checkpoint as asked ("" otherwise)."""
+    r, mode = prepared.resumed_from, prepared.recipe.checkpoint.resume
+    return resumed_text(r, verb="resuming") + (f" (checkpoint.resume: {mode})" if mode == "latest" else
+                                               " (named by checkpoint.resume)") if r else ""
+
+
+def resumed_text(r: dict[str, Any], verb: str = "resumed") -> str:
+    """'resumed from checkpoint-120 of job X (step 120): PATH' for a {path, job, step} record ('from ...': no verb)."""
+    from orchestrator.core.resume import Checkpoint
+    return f"{verb} " * bool(verb) + f"from {Checkpoint(r['path'], r.get('job'), r.get('step')).of()}: {r['path']}"
 
 
 def _excluded(run_dir: Path) -> dict[str, str]:
@@ -176,6 +196,8 @@ def status_text(st: dict[str, Any]) -> str:
         lines.append(f"cause    {st['root_cause']}")
     for a in st.get("attempts") or []:
         lines.append(f"attempt  {a['attempt']}: {a['reason'][:300]}")
+    if st.get("resumed_from"):
+        lines.append(resumed_text(st["resumed_from"]))
     for host, why in (st.get("excluded") or {}).items():
         lines.append(f"excluded {host}: {why}")
     for s in st.get("stragglers") or []:

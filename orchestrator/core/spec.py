@@ -58,7 +58,7 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    resume: str = "auto"  # auto | never | a checkpoint directory
+    resume: str = "auto"  # auto | latest | never | a checkpoint directory (orchestrator.core.resume)
     save_on_signal: bool = True
 
 

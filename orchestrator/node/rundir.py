@@ -8,6 +8,8 @@ RUN_DIR/cluster.json, handle.json    the cluster spec and the backend's handle (
 RUN_DIR/cancel.json                  a cancel request (from orchestrate cancel), read by the supervisor
 RUN_DIR/restarts.jsonl               one AttemptRecord per restart decision (supervisor, or the SLURM task)
 RUN_DIR/notify.log                   one line per notification delivered or failed, URLs masked (submitter)
+RUN_DIR/resumed_from.json            {path, job, step}: another job's checkpoint this job began from, because its
+                                     checkpoint.resume asked for it (submitter; orchestrator.core.resume)
 RUN_DIR/job.sbatch, slurm_job_id     SLURM only
 RUN_DIR/nodes/<R>/accelerate.yaml    node R's accelerate config (node agent, at launch)
 RUN_DIR/nodes/<R>/command.txt        what node R runs, env with secrets masked (submitter, for humans)
@@ -115,6 +117,7 @@ class RunDir:
     RESTARTS, SBATCH, SLURM_JOB_ID, NOTIFY = "restarts.jsonl", "job.sbatch", "slurm_job_id", "notify.log"
     LOGS, HEARTBEATS, STACKS, NODES = "logs", "heartbeats", "stacks", "nodes"
     STRAGGLERS = "stragglers.json"  # the supervisor's straggler verdicts and each rank's evidence (core.health)
+    RESUMED = "resumed_from.json"  # another job's checkpoint this job began from, as asked (api.check_resume)
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)

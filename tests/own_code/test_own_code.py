@@ -81,6 +81,9 @@ def test_hf_trainer_signal_saves_then_auto_resume(launch_user, tiny_model, tmp_p
     assert len(ckpts) == 1 and (ckpts[0] / "optimizer.pt").exists(), out[-3000:]
     saved = int(ckpts[0].name.split("-")[1])
     assert saved >= 3
+    # the hooks' save callback recorded who wrote it (docs/CONTRACT.md "Checkpoints"): rank 0 only, once
+    assert json.loads((ckpts[0] / "orchestrate.json").read_text())["job_id"] == "job-tb"
+    assert json.loads((ckpts[0] / "orchestrate.json").read_text())["step"] == saved
     for rank in (0, 1):
         recs = records(hb / f"rank{rank}.jsonl")
         assert recs[-1]["event"] == "preempted" and recs[-1]["step"] == saved, recs[-4:]
@@ -97,7 +100,7 @@ def test_hf_trainer_signal_saves_then_auto_resume(launch_user, tiny_model, tmp_p
     rc = run.wait(timeout=300)
     out = run.output
     assert rc == 0, out[-4000:]
-    assert f"resuming from {ckpts[0]}" in out
+    assert f"resuming from {ckpts[0]} (ORCHESTRATE_RESUME=auto)\n" in out  # its own: no other job named
     assert _result(out, "USER_RESULT ")[0]["global_step"] == saved + 3
     for rank in (0, 1):
         recs = records(hb2 / f"rank{rank}.jsonl")

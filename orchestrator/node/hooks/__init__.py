@@ -13,15 +13,18 @@ top-level modules in every rank, and none of them imports anything but the stand
 - `orchestrate_trainer.py`: the Trainer callbacks (shared with the built-in recipes).
 - `orchestrate_heartbeat.py`: the one writer of heartbeat records, and `beat(step, loss=...)` for loops that
   step no torch optimizer.
+- `orchestrate_checkpoint.py`: each checkpoint's record of the job that wrote it, and which checkpoint a rank
+  resumes from (shared with the built-in recipes and read by the submitter).
 
 Environment (set by the node agent for the ranks):
   ORCHESTRATE_HEARTBEAT_DIR   RUN_DIR/heartbeats; unset = every hook is off
-  ORCHESTRATE_RESUME          "auto": a Trainer.train() called without resume_from_checkpoint resumes from the
-                              latest checkpoint-* in args.output_dir (if any); a path: from that checkpoint;
-                              unset / "never": the user's call is left alone
+  ORCHESTRATE_RESUME          "auto" / "latest": a Trainer.train() called without resume_from_checkpoint resumes
+                              from the latest checkpoint-* in args.output_dir (if any); a path: from that checkpoint
+                              (a restart: from the job's own latest one); unset / "never": the call is left alone
   ORCHESTRATE_SAVE_ON_SIGNAL  "0" turns the Trainer save-on-signal off (default on)
   ORCHESTRATE_SAVE_ON_EACH_NODE "1" sets TrainingArguments.save_on_each_node (SSH hosts without a shared filesystem)
-  ORCHESTRATE_JOB_ID          W&B defaults (WANDB_RUN_ID, WANDB_RESUME=allow, WANDB_RUN_GROUP, WANDB_NAME) where unset
+  ORCHESTRATE_JOB_ID          W&B defaults (WANDB_RUN_ID, WANDB_RESUME=allow, WANDB_RUN_GROUP, WANDB_NAME) where unset;
+                              the job named in each saved checkpoint's orchestrate.json
   ORCHESTRATE_HOOKS           "0" turns all of it off (the chained user sitecustomize still runs)
   ORCHESTRATE_HEARTBEAT_FLUSH_S  buffering of optimizer-hook / beat() step records (default 0.5 s)
 """

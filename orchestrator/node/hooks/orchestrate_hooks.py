@@ -15,9 +15,11 @@
   * `transformers.trainer` -> `Trainer.__init__` adds PreemptionCallback + HeartbeatCallback (orchestrate_trainer,
     the recipes' own) to every Trainer; `Trainer.train`:
       - skips all of it when the Trainer already carries orchestrate's callbacks (a built-in recipe);
-      - ORCHESTRATE_RESUME=auto and no resume_from_checkpoint given -> the latest checkpoint-* in args.output_dir
-        (none: a fresh start); ORCHESTRATE_RESUME=<dir> -> that checkpoint. Unset: nothing is changed, so a job's
-        first attempt never picks up an unrelated old checkpoint; the node agent sets auto on restarts;
+      - ORCHESTRATE_RESUME=auto or latest and no resume_from_checkpoint given -> the latest checkpoint-* in
+        args.output_dir (none: a fresh start); ORCHESTRATE_RESUME=<dir> -> that checkpoint, or, on a restart, the
+        job's own latest one (orchestrate_checkpoint.resume_from). Unset: nothing is changed. The plan sets it from
+        checkpoint.resume on every attempt; that a NEW job does not continue another job's checkpoints is checked
+        by the submitter before anything starts (orchestrator.core.resume);
       - installs the SIGTERM/SIGUSR2 handlers for the run (ORCHESTRATE_SAVE_ON_SIGNAL=0: none): a signal -> at the
         next step boundary every rank saves a checkpoint and stops, the heartbeat says "preempted", and when
         train() returns the rank leaves with 128+signal (process group torn down, atexit handlers run) instead of
@@ -327,21 +329,19 @@ def _resume_arg(trainer, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     given = args[0] if args else kwargs.get("resume_from_checkpoint")
     if given is not None:
         return args, kwargs  # the user's own choice (a path, True, or False = "do not resume") stands
-    if mode.lower() == "auto":
-        out = trainer.args.output_dir
-        if not out or not os.path.isdir(out):
-            return args, kwargs
-        from transformers.trainer_utils import get_last_checkpoint
-
-        ckpt = get_last_checkpoint(out)
-        if ckpt is None:
-            return args, kwargs
-    else:
-        ckpt = mode
-        if not os.path.isdir(ckpt):
-            raise FileNotFoundError(f"ORCHESTRATE_RESUME={mode!r}: not a checkpoint directory")
+    try:
+        import orchestrate_checkpoint as oc
+    except ImportError:
+        from orchestrator.node.hooks import orchestrate_checkpoint as oc
+    job = os.environ.get("ORCHESTRATE_JOB_ID", "").strip()
+    try:
+        ckpt = oc.resume_from(mode, getattr(trainer.args, "output_dir", "") or "", job)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"ORCHESTRATE_RESUME={mode!r}: not a checkpoint directory") from None
+    if ckpt is None:
+        return args, kwargs
     if hb.env_rank() == 0:
-        _warn(f"resuming from {ckpt} (ORCHESTRATE_RESUME={mode})")
+        _warn(f"resuming from {ckpt} (ORCHESTRATE_RESUME={mode}){oc.whose(ckpt, job)}")
     if args:
         return (ckpt,) + tuple(args[1:]), kwargs
     return args, {**kwargs, "resume_from_checkpoint": ckpt}
