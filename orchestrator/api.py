@@ -741,12 +741,14 @@ def _run_once(prepared: Prepared, launcher, sup: Supervisor, store, rd: RunDir, 
         for path in (rd.exit_file(r), rd.agent_file(r)):
             path.unlink(missing_ok=True)
     submission = launcher.prepare(replace(plan, submitter=submitter()))  # (the lease files name who submitted it)
-    if on_event and attempt == 0:
+    if on_event and attempt == 0 and not rd.path(RunDir.QUEUE).exists():  # (said once, not on each look again)
         on_event("submitting", {"job_id": plan.job_id, "run_dir": str(rd.root)})
     try:
         running = launcher.submit(submission, rd, cancel=sup.cancel)
     except SubmitCancelled as e:  # Ctrl-C / cancel while the backend was still starting it: nothing runs
         return JobResult(JobState.CANCELLED, 130, sup.cancel_reason or str(e))
+    except LeasesBusy:  # nothing started: the caller waits (QUEUED) or, with --no-wait, records it
+        raise
     except Exception as e:
         if not getattr(e, "bad_hosts", None):  # (hosts a spare may replace: the caller decides, and records)
             store.update(plan.job_id, JobState.FAILED, detail=str(e)[:500], root_cause=str(e)[:500])
