@@ -1,0 +1,63 @@
+"""Local GPU jobs lease their GPUs the same way SSH nodes lease hosts (docs/CONTRACT.md "Leases"), with a stand-in
+nvidia-smi showing 2 GPUs: GPU 0 leased by another process (another user's job) -> a job that wants GPU 0
+(`launch.gpus: [0]`) waits QUEUED naming the GPU and the holder; the holder dies -> the job starts and completes; and
+while GPU 0 is leased, a job that may use any GPU gets GPU 1 at once (disjoint GPUs, the same mechanism)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from helpers import OFFLINE_ENV, PYTHON, cli
+
+REPO = Path(__file__).resolve().parents[2]
+HOLD = ("import time\nfrom orchestrator.core.leases import LOCAL_HOST, holder, node_locks\n"
+        "from orchestrator.node.lease import take\n"
+        "h, _ = take(list(node_locks(LOCAL_HOST, (0,))), holder('j-holder', 'bob@elsewhere', 1, time.time(), ''), "
+        "LOCAL_HOST)\nprint(h is not None, flush=True)\ntime.sleep(600)\n")
+
+
+def _job(tmp_path: Path, name: str, gpus: list[int] | None) -> Path:
+    job = tmp_path / f"{name}.yaml"
+    launch = {"nodes": 1, "procs_per_node": 1, "allow_idle_gpus": True} | ({"gpus": gpus} if gpus else {})
+    job.write_text(yaml.safe_dump({"run": {"script": str(REPO / "tests" / "faults" / "beat_loop.py"), "args": ["2"]},
+                                   "launch": launch, "health": {"preflight_timeout": 0}}))
+    return job
+
+
+def test_a_local_job_waits_for_its_leased_gpu_and_another_gets_the_free_one(fake_local_gpus, tmp_path, job_guard):
+    fake_local_gpus(2)
+    leases = tmp_path / "leases"
+    env = {**os.environ, **OFFLINE_ENV, "ORCHESTRATE_LEASE_DIR": str(leases), "ORCHESTRATE_HOME": str(tmp_path / "h")}
+    job_guard.home(tmp_path / "h")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                              env=dict(env, PYTHONPATH=str(REPO)))
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        free = cli("submit", _job(tmp_path, "any", None), env=env, cwd=REPO, timeout=120)  # GPU 1 is free: at once
+        assert free.returncode == 0 and "CUDA_VISIBLE_DEVICES=1" in (next((tmp_path / "h" / "runs").iterdir())
+                                                                     / "nodes" / "0" / "command.txt").read_text()
+        busy = cli("submit", _job(tmp_path, "want0", [0]), "--no-wait", env=env, cwd=REPO, timeout=120)
+        assert busy.returncode == 75 and "GPU 0 of localhost is leased by job j-holder (bob@elsewhere" in busy.stderr, \
+            busy.stdout[-2000:] + busy.stderr[-2000:]
+        waiter = job_guard.spawn([PYTHON, "-m", "orchestrator.cli", "submit", str(_job(tmp_path, "want0", [0]))],
+                                 env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        for line in waiter.stdout:
+            lines.append(line)
+            if "QUEUED" in line:
+                break
+        assert "GPU 0 of localhost is leased by job j-holder" in lines[-1], "".join(lines)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    t0 = time.monotonic()
+    out = "".join(lines) + waiter.communicate(timeout=120)[0]
+    assert waiter.returncode == 0 and "COMPLETED" in out, out[-3000:]
+    print(f"the waiting local job completed {time.monotonic() - t0:.1f} s after its GPU's holder died")
