@@ -54,6 +54,25 @@ def test_a_local_job_waits_for_its_leased_gpu_and_another_gets_the_free_one(fake
             if "QUEUED" in line:
                 break
         assert "GPU 0 of localhost is leased by job j-holder" in lines[-1], "".join(lines)
+        # a second waiter, cancelled while QUEUED from another terminal: CANCELLED, nothing started
+        other = job_guard.spawn([PYTHON, "-m", "orchestrator.cli", "submit", str(_job(tmp_path, "want0b", [0]))],
+                                env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen = []
+        for line in other.stdout:
+            seen.append(line)
+            if "QUEUED" in line:
+                break
+        assert "QUEUED (#2 in this store's queue" in seen[-1], "".join(seen)  # behind the first waiter (FIFO)
+        job_b = next(ln.split()[1].rstrip(":") for ln in seen if ": run dir " in ln)
+        ls = cli("ls", env=env).stdout
+        assert any(job_b in ln and "QUEUED #2" in ln for ln in ls.splitlines()), ls
+        t0 = time.monotonic()
+        assert cli("cancel", job_b, env=env, timeout=60).returncode == 0
+        rest = other.communicate(timeout=30)[0]
+        assert other.returncode == 130 and time.monotonic() - t0 < 10, "".join(seen) + rest
+        run_b = tmp_path / "h" / "runs" / job_b
+        assert not (run_b / "nodes" / "0" / "agent.json").exists()  # nothing started
+        assert "CANCELLED" in cli("status", job_b, env=env).stdout
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()

@@ -55,9 +55,10 @@ def _port() -> str:
 
 
 def _spawn_submit(job_guard, home: Path, job_file: Path, cluster: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, **OFFLINE_ENV, "ORCHESTRATE_HOME": str(home)}
     return job_guard.spawn([PYTHON, "-m", "orchestrator.cli", "submit", str(job_file), "--nodes", "2", "--cluster",
-                            str(cluster), _port(), *extra], env={**os.environ, **OFFLINE_ENV, "ORCHESTRATE_HOME": str(home)},
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            str(cluster), _port(), *extra], env=env, cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _job_id(out: str) -> str:
@@ -72,10 +73,10 @@ def _interval(run_dir: Path, rank: int) -> tuple[float, float]:
 
 def test_two_stores_on_overlapping_hosts_never_double_book(testbed, tmp_path, job_guard):
     a, b, c = testbed.hosts[:3]
-    job = _short_job(tmp_path, 3)
+    job = _short_job(tmp_path, 1)
     homes = {"A": job_guard.home(tmp_path / "homeA"), "B": job_guard.home(tmp_path / "homeB")}
     clusters = {"A": _cluster(testbed, tmp_path, "poolA", [a, b]), "B": _cluster(testbed, tmp_path, "poolB", [b, c])}
-    t0 = time.monotonic()
+    t0, wall0 = time.monotonic(), time.time()
     procs = {k: _spawn_submit(job_guard, homes[k], job, clusters[k]) for k in "AB"}
     outs = {k: p.communicate(timeout=120)[0] for k, p in procs.items()}
     took = time.monotonic() - t0
@@ -99,7 +100,8 @@ def test_two_stores_on_overlapping_hosts_never_double_book(testbed, tmp_path, jo
     spans = sorted(per_host[b])
     assert len(spans) == 2 and spans[0][1] <= spans[1][0], spans  # b: one after the other
     assert spans[1][0] - spans[0][1] < 10, spans  # ... and the waiter started within seconds of the end
-    print(f"two overlapping jobs, serialized on {b}: {took:.1f} s; gap on b {spans[1][0] - spans[0][1]:.2f} s")
+    print(f"two overlapping jobs, serialized on {b}: {took:.1f} s; on b (s from the submits): "
+          + ", ".join(f"{k} {s0 - wall0:.1f}-{s1 - wall0:.1f}" for s0, s1, k in spans))
 
 
 def test_sigkill_of_the_holders_agent_frees_the_host_within_seconds(testbed, tmp_path, job_guard):
@@ -149,8 +151,9 @@ def test_no_wait_exits_75_naming_host_lease_and_holder(testbed, tmp_path, job_gu
     print(f"holder looping after {time.monotonic() - t0:.1f} s")
     job_guard.run_dir(*(remote_run_dir(testbed, h, job_a) for h in (a, b)))
     t0 = time.monotonic()
-    p = cli("submit", _short_job(tmp_path, 1), "--nodes", "2", "--cluster", _cluster(testbed, tmp_path, "poolB", [b, c]),
-            "--no-wait", _port(), env={"ORCHESTRATE_HOME": home_b}, cwd=REPO, timeout=60)
+    cluster_b = _cluster(testbed, tmp_path, "poolB", [b, c])
+    p = cli("submit", _short_job(tmp_path, 1), "--nodes", "2", "--cluster", cluster_b, "--no-wait", _port(),
+            env={"ORCHESTRATE_HOME": home_b}, cwd=REPO, timeout=60)
     took = time.monotonic() - t0
     assert p.returncode == EXIT_BUSY, p.stdout[-2000:] + p.stderr[-2000:]
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("orchestrate: error:")]
