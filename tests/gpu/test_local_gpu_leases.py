@@ -80,3 +80,36 @@ def test_a_local_job_waits_for_its_leased_gpu_and_another_gets_the_free_one(fake
     out = "".join(lines) + waiter.communicate(timeout=120)[0]
     assert waiter.returncode == 0 and "COMPLETED" in out, out[-3000:]
     print(f"the waiting local job completed {time.monotonic() - t0:.1f} s after its GPU's holder died")
+
+
+def test_an_agent_that_loses_the_race_sends_the_attempt_back_to_waiting(fake_local_gpus, tmp_path, monkeypatch,
+                                                                         job_guard):
+    """The launcher's look saw GPU 0 free, but the node agent finds it leased (another submitter took it in between):
+    the agent starts nothing (exit 75, `LeaseBusy:`), the attempt is not a failure, the job waits QUEUED and runs once
+    the holder is gone."""
+    import threading
+    from orchestrator import api
+    from orchestrator.node import lease
+    from orchestrator.store import JobStore
+    fake_local_gpus(2)
+    monkeypatch.setenv("ORCHESTRATE_LEASE_DIR", str(tmp_path / "leases"))
+    monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path / "h"))
+    job_guard.home(tmp_path / "h")
+    monkeypatch.setattr(lease, "held", lambda locks, host: None)  # the look misses the holder: the race
+    holder = subprocess.Popen([sys.executable, "-c", HOLD], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+    job_guard.proc(holder)
+    assert holder.stdout.readline().strip() == "True"
+    events: list[tuple[str, dict]] = []
+
+    def on_event(kind: str, data: dict) -> None:
+        events.append((kind, data))
+        if kind == "queued" and holder.poll() is None:
+            threading.Timer(1.0, holder.kill).start()
+    prepared = api.prepare(str(_job(tmp_path, "race", [0])), cwd=REPO)
+    result = api.submit(prepared, on_event=on_event)
+    assert result.state == "COMPLETED", result
+    queued = [d for k, d in events if k == "queued"]
+    assert queued and "GPU 0 of localhost is leased by job j-holder" in queued[0]["line"], events
+    states = [e["state"] for e in JobStore().events(prepared.plan.job_id)]
+    assert "QUEUED" in states and "FAILED" not in states, states
