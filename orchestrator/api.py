@@ -600,6 +600,10 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
                 on_event("restart", {"job_id": plan.job_id, "restart": attempt,
                                      "max_restarts": plan.health.max_restarts, "reason": result.root_cause,
                                      "step": rd.furthest_step()})
+    except LeasesBusy:  # --no-wait: recorded CANCELLED above, nothing started; the caller says it (exit 75)
+        if notifier is not None:
+            notifier.close()
+        raise
     except BaseException as e:  # the supervisor itself failed: the job is not left RUNNING in the store
         why = f"the supervisor failed: {type(e).__name__}: {str(e)[:300]}"
         try:
