@@ -79,7 +79,7 @@ class LeasesBusy(OrchestratorError):
     with `submit --no-wait` exits 75 (EX_TEMPFAIL) with this one line. `busy`: what each busy host reported
     ({"host", "lock", "what", "holder"})."""
 
-    exit_code = 75  # orchestrator.core.leases.EXIT_BUSY
+    exit_code = 75  # EX_TEMPFAIL (sysexits.h): the one value of orchestrator.core.leases.EXIT_BUSY
 
     def __init__(self, busy: list[dict], text: str):
         self.busy = list(busy)

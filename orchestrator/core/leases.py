@@ -22,9 +22,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from orchestrator.errors import LeasesBusy
+
 LEASE_DIR = "/tmp/orchestrate-leases"  # per host, every user: the directory is 1777, lock files 0666
 LEASE_DIR_VAR = "ORCHESTRATE_LEASE_DIR"  # the node agent's override of LEASE_DIR (tests)
-EXIT_BUSY = 75  # EX_TEMPFAIL: `submit --no-wait` found a host or GPU leased; an agent that lost the race exits so
+EXIT_BUSY = LeasesBusy.exit_code  # 75, EX_TEMPFAIL: `submit --no-wait` found a lease held; an agent that lost the race
 LOCAL_HOST = "localhost"  # the local backend's one host
 
 
