@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from helpers import OFFLINE_ENV, PYTHON, cli
+from helpers import OFFLINE_ENV, PYTHON, cli, read_until
 
 REPO = Path(__file__).resolve().parents[2]
 HOLD = ("import time\nfrom orchestrator.core.leases import LOCAL_HOST, holder, node_locks\n"
@@ -29,6 +29,11 @@ def _job(tmp_path: Path, name: str, gpus: list[int] | None) -> Path:
     job.write_text(yaml.safe_dump({"run": {"script": str(REPO / "tests" / "faults" / "beat_loop.py"), "args": ["2"]},
                                    "launch": launch, "health": {"preflight_timeout": 0}}))
     return job
+
+
+def _spawn(job_guard, job: Path, env: dict) -> subprocess.Popen:
+    return job_guard.spawn([PYTHON, "-m", "orchestrator.cli", "submit", str(job)], env=env, cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def test_a_local_job_waits_for_its_leased_gpu_and_another_gets_the_free_one(fake_local_gpus, tmp_path, job_guard):
@@ -46,22 +51,12 @@ def test_a_local_job_waits_for_its_leased_gpu_and_another_gets_the_free_one(fake
         busy = cli("submit", _job(tmp_path, "want0", [0]), "--no-wait", env=env, cwd=REPO, timeout=120)
         assert busy.returncode == 75 and "GPU 0 of localhost is leased by job j-holder (bob@elsewhere" in busy.stderr, \
             busy.stdout[-2000:] + busy.stderr[-2000:]
-        waiter = job_guard.spawn([PYTHON, "-m", "orchestrator.cli", "submit", str(_job(tmp_path, "want0", [0]))],
-                                 env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        lines = []
-        for line in waiter.stdout:
-            lines.append(line)
-            if "QUEUED" in line:
-                break
+        waiter = _spawn(job_guard, _job(tmp_path, "want0", [0]), env)
+        lines = read_until(waiter, "QUEUED")
         assert "GPU 0 of localhost is leased by job j-holder" in lines[-1], "".join(lines)
         # a second waiter, cancelled while QUEUED from another terminal: CANCELLED, nothing started
-        other = job_guard.spawn([PYTHON, "-m", "orchestrator.cli", "submit", str(_job(tmp_path, "want0b", [0]))],
-                                env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        seen = []
-        for line in other.stdout:
-            seen.append(line)
-            if "QUEUED" in line:
-                break
+        other = _spawn(job_guard, _job(tmp_path, "want0b", [0]), env)
+        seen = read_until(other, "QUEUED")
         assert "QUEUED (#2 in this store's queue" in seen[-1], "".join(seen)  # behind the first waiter (FIFO)
         job_b = next(ln.split()[1].rstrip(":") for ln in seen if ": run dir " in ln)
         ls = cli("ls", env=env).stdout

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from helpers import PYTHON, OFFLINE_ENV, cli, looping_job, read_looping_ranks, wait_until
+from helpers import OFFLINE_ENV, PYTHON, cli, looping_job, read_looping_ranks, read_until, wait_until
 from ssh_helpers import REPO, agent_info, remote_run_dir
 
 EXIT_BUSY = 75
@@ -112,11 +112,7 @@ def test_sigkill_of_the_holders_agent_frees_the_host_within_seconds(testbed, tmp
     job_guard.run_dir(*(remote_run_dir(testbed, h, job_a) for h in (a, b)))
     agent_b = agent_info(testbed, b, job_a, 1)
     waiter = _spawn_submit(job_guard, home_b, _short_job(tmp_path, 1), _cluster(testbed, tmp_path, "poolB", [b, c]))
-    lines: list[str] = []
-    for line in waiter.stdout:
-        lines.append(line)
-        if "QUEUED" in line:
-            break
+    lines = read_until(waiter, "QUEUED")
     assert any(f"host {b} is leased by job {job_a}" in ln for ln in lines), "".join(lines)
     job_b = _job_id("".join(lines))
     ls = cli("ls", env={"ORCHESTRATE_HOME": home_b}).stdout
