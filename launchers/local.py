@@ -19,6 +19,7 @@ import time
 from typing import Iterator
 
 from orchestrator.core.jobplan import LaunchPlan
+from orchestrator.core.leases import lease_request
 from launchers.base import container_problems, record_container, run_dir_logs, status_from_nodes
 from orchestrator.node.agent import agent_argv
 from orchestrator.node.heartbeat import parse_forwarded
@@ -49,12 +50,23 @@ class LocalLauncher:
                            if g.strip().isdigit()})
             extra["gpu_check"] = {"policy": plan.health.gpu_check, "diag": plan.health.gpu_diag == "dcgm",
                                   "used": used or None}
+        leases = [req for n in plan.node_plans if (req := lease_request(plan, n.node_rank)) is not None]
+        if leases:  # the GPUs the agents will lease (a CPU-only local job leases nothing: it takes a free port)
+            extra["leases"] = leases
         return Submission(kind=self.kind, run_dir=plan.run_dir, nodes=nodes, extra=extra)
 
     def submit(self, submission: Submission, run_dir: RunDir, cancel: threading.Event | None = None) -> "LocalJob":
         """Starts every node agent at once (nothing to cancel part-way: the supervisor stops them). A container job
         first checks this machine for it (runtime, image, mounts, the stack in the image): PreflightError, nothing
         started."""
+        if submission.extra.get("leases"):  # GPUs another job leases: LeasesBusy (the api waits), nothing started
+            from orchestrator.core.leases import Lock, busy_error_text
+            from orchestrator.errors import LeasesBusy
+            from orchestrator.node.lease import held
+            busy = [b for req in submission.extra["leases"]
+                    if (b := held([Lock.from_list(x) for x in req["locks"]], req["host"])) is not None]
+            if busy:
+                raise LeasesBusy(busy, busy_error_text(busy))
         if submission.extra.get("gpu_check"):
             gpu_preflight(submission.extra["gpu_check"], run_dir)
         if submission.extra.get("container"):

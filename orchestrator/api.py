@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator.errors import ConfigError, OrchestratorError, PreflightError, Problem, SubmitCancelled
+from orchestrator.errors import ConfigError, LeasesBusy, OrchestratorError, PreflightError, Problem, SubmitCancelled
 from launchers import launcher_for
 from orchestrator.node.rundir import AttemptRecord, RunDir
 from orchestrator.supervise import RestartPolicy, Supervisor
@@ -94,31 +94,11 @@ def gpu_facts(recipe, cluster: ClusterSpec, accelerator: str) -> tuple[dict[str,
 
 
 def busy_local_gpus() -> tuple[int, ...]:
-    """GPUs (this machine's indices) that live local jobs' nodes are bound to: a new job's emulated nodes use others.
-    Reads the job store only when it exists (a dry run creates nothing)."""
-    from orchestrator.core.jobplan import LaunchPlan
-    from orchestrator.node.proctools import alive
-    if not (_home() / "jobs.db").is_file():
-        return ()
-    from orchestrator.store import JobStore
-    busy: set[int] = set()
-    try:
-        records = JobStore().list(200)
-    except Exception:  # noqa: BLE001 - an unreadable store hides no GPU: plan as if none were busy
-        return ()
-    for rec in records:
-        if rec.backend != "local" or is_terminal(rec.state):
-            continue
-        rd = RunDir(rec.run_dir)
-        try:
-            plan = LaunchPlan.from_json(rd.path(RunDir.PLAN).read_text())
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        for node in plan.node_plans:
-            agent = rd.agent(node.node_rank)
-            if agent is not None and alive(agent.agent_pid):
-                busy.update(int(g) for g in node.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip().isdigit())
-    return tuple(sorted(busy))
+    """GPUs of this machine that live jobs' node agents lease (whoever submitted them: core.leases): a new job's
+    emulated nodes use others."""
+    from orchestrator.core.leases import LOCAL_HOST
+    from orchestrator.node.lease import leased_gpus
+    return leased_gpus(LOCAL_HOST)
 
 
 def ssh_gpu_counts(cluster: ClusterSpec, hosts: list[str]) -> dict[str, int]:
@@ -442,7 +422,13 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
                       trainer_defaults=defaults, gpu_inventory=inventory, gpu_busy=busy,
                       passthrough_env=passthrough_env(recipe), container_runtime=container_runtime(recipe, cluster),
                       cwd=rank_cwd if rank_cwd and not package else str(cwd), package_root=package_root())
-    plan = make_plan(host_recipe, cluster, facts, notes=notes)
+    try:
+        plan = make_plan(host_recipe, cluster, facts, notes=notes)
+    except ConfigError:
+        if not facts.gpu_busy:
+            raise
+        # too few GPUs without the ones other jobs lease: plan on them all; the job waits for its GPUs (QUEUED)
+        plan = make_plan(host_recipe, cluster, replace(facts, gpu_busy=()), notes=notes)
     if plan.container is not None:
         plan = dataclasses.replace(plan, package_root=package_root())
         if not rank_cwd:  # the ranks start where they would without it, mounted
@@ -569,9 +555,11 @@ def write_files(files: dict[str, str], out_dir: Path) -> None:
 
 def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = None,
            on_beat: Callable[[dict], None] | None = None, on_event: Callable[[str, dict], None] | None = None,
-           supervisor: Supervisor | None = None) -> JobResult:
+           supervisor: Supervisor | None = None, wait: bool = True) -> JobResult:
     """Write the run dir, record the job, run it under the one Supervisor, restart by the one RestartPolicy, record
-    the end. `supervisor` lets the caller keep a handle to cancel it (signal handlers)."""
+    the end. `supervisor` lets the caller keep a handle to cancel it (signal handlers). Hosts or GPUs leased by another
+    job (LeasesBusy): the job waits QUEUED and tries again (`wait_for_leases`); `wait=False`: LeasesBusy is raised at
+    once (the job recorded CANCELLED, nothing started)."""
     from orchestrator.core.spec import cluster_to_dict
     from orchestrator.store import JobStore, digest
     plan = prepared.plan
@@ -602,6 +590,16 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
                 break
             try:
                 result = _run_once(prepared, launcher, sup, store, rd, attempt, emit)
+                if lost_lease_race(result):  # an agent found its host/GPU taken after the look: wait again
+                    raise LeasesBusy([], result.root_cause.split("LeaseBusy: ", 1)[-1].splitlines()[0])
+            except LeasesBusy as e:
+                if not wait:
+                    why = f"not started: {e} (--no-wait)"
+                    store.update(plan.job_id, JobState.CANCELLED, detail=why[:500], root_cause=why[:500],
+                                 exit_code=e.exit_code, final=True)
+                    raise
+                wait_for_leases(prepared, sup, store, rd, e, emit)
+                continue
             except PreflightError as e:  # hosts that cannot run the job: spares take their place before the start
                 spares = spares_left(prepared) if e.bad_hosts else None
                 if spares is None or spares < len(e.bad_hosts) or len(e.bad_hosts) < len({p.where for p in e.problems}):
@@ -644,6 +642,10 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
                 on_event("restart", {"job_id": plan.job_id, "restart": attempt,
                                      "max_restarts": plan.health.max_restarts, "reason": result.root_cause,
                                      "step": rd.furthest_step()})
+    except LeasesBusy:  # --no-wait: recorded CANCELLED above, nothing started; the caller says it (exit 75)
+        if notifier is not None:
+            notifier.close()
+        raise
     except BaseException as e:  # the supervisor itself failed: the job is not left RUNNING in the store
         why = f"the supervisor failed: {type(e).__name__}: {str(e)[:300]}"
         try:
@@ -666,6 +668,74 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
             notifier.finished(result)
         notifier.close()
     return result
+
+
+QUEUE_POLL_S = 3.0  # a QUEUED job looks again this often (docs/CONTRACT.md "Leases")
+
+
+def submitter() -> str:
+    """user@host of this process (a lease file names who holds it)."""
+    import getpass
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+def lost_lease_race(result: JobResult) -> bool:
+    """An attempt that ended before anything started because a node agent found its lease taken (exit 75,
+    `LeaseBusy:`): the job goes back to waiting, it has not failed."""
+    from orchestrator.core.leases import EXIT_BUSY
+    return (result.state == JobState.FAILED and result.returncode == EXIT_BUSY
+            and "LeaseBusy: " in (result.root_cause or ""))
+
+
+def queue_positions(records: list | None = None) -> dict[str, int]:
+    """{job id: its place in this store's queue} for every QUEUED job whose submitter is alive: 1 + the queued jobs
+    submitted before it that want an overlapping lease (core.leases.queue_position, FIFO by submit time)."""
+    from orchestrator.core.leases import job_locks, queue_position
+    from orchestrator.detach import live_supervisor
+    from orchestrator.store import JobStore
+    recs = JobStore().list(None) if records is None else records
+    queued = []
+    for rec in recs:
+        if rec.state != JobState.QUEUED or (rec.id not in _WAITING and live_supervisor(rec.id) is None):
+            continue
+        try:
+            plan = RunDir(rec.run_dir).read_plan()
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        queued.append((rec.id, rec.created, job_locks(plan)))
+    return {q[0]: queue_position(q[0], queued) for q in queued}
+
+
+_WAITING: set[str] = set()  # jobs this process is waiting for (live_supervisor does not name this process)
+_TOLD: dict[str, tuple[str, int]] = {}  # what was said last of each waiting job (said again only when it changes)
+
+
+def wait_for_leases(prepared: Prepared, sup: Supervisor, store, rd: RunDir, busy: LeasesBusy, emit) -> None:
+    """The job is QUEUED: recorded with what it waits for (RUN_DIR/queue.json) and its place in this store's queue,
+    told to the caller ("queued": {"job_id", "line", "position"}); returns after QUEUE_POLL_S once no job queued before
+    it in this store wants an overlapping host/GPU (FIFO), or at once when cancelled. The caller tries again."""
+    job = prepared.plan.job_id
+    line = str(busy)
+    _WAITING.add(job)
+    try:
+        old = rd.read_json(RunDir.QUEUE)
+        since = old.get("since") if isinstance(old, dict) and old.get("waiting_for") else None
+        rd.write_json(RunDir.QUEUE, {"waiting_for": line, "since": since or time.time(), "t": time.time()})
+        store.update(job, JobState.QUEUED, detail=line[:500])
+        told = _TOLD.get(job)
+        while True:
+            position = queue_positions().get(job, 1)
+            if (line, position) != told:
+                emit("queued", {"job_id": job, "line": line, "position": position})
+                told = _TOLD[job] = (line, position)
+            if sup.cancel.wait(QUEUE_POLL_S) or position == 1:
+                return
+    finally:
+        _WAITING.discard(job)
 
 
 def _replanned(prepared: Prepared, rd: RunDir, sup: Supervisor, emit, excluded: list[str]) -> LaunchPlan:
@@ -716,13 +786,15 @@ def _run_once(prepared: Prepared, launcher, sup: Supervisor, store, rd: RunDir, 
     for r in range(plan.nodes):  # an earlier attempt's records must not speak for this one
         for path in (rd.exit_file(r), rd.agent_file(r)):
             path.unlink(missing_ok=True)
-    submission = launcher.prepare(plan)
-    if on_event and attempt == 0:
+    submission = launcher.prepare(replace(plan, submitter=submitter()))  # (the lease files name who submitted it)
+    if on_event and attempt == 0 and not rd.path(RunDir.QUEUE).exists():  # (said once, not on each look again)
         on_event("submitting", {"job_id": plan.job_id, "run_dir": str(rd.root)})
     try:
         running = launcher.submit(submission, rd, cancel=sup.cancel)
     except SubmitCancelled as e:  # Ctrl-C / cancel while the backend was still starting it: nothing runs
         return JobResult(JobState.CANCELLED, 130, sup.cancel_reason or str(e))
+    except LeasesBusy:  # nothing started: the caller waits (QUEUED) or, with --no-wait, records it
+        raise
     except Exception as e:
         if not getattr(e, "bad_hosts", None):  # (hosts a spare may replace: the caller decides, and records)
             store.update(plan.job_id, JobState.FAILED, detail=str(e)[:500], root_cause=str(e)[:500])
@@ -767,6 +839,10 @@ def reconcile(rec):
     from orchestrator.store import JobStore
     if is_terminal(rec.state) or live_supervisor(rec.id) is not None:
         return rec, None
+    if rec.state == JobState.QUEUED and rec.id not in _WAITING:  # its waiting submitter is gone: nothing ever started
+        why = "the submitter waiting for leased hosts is gone; nothing was started"
+        JobStore().update(rec.id, JobState.CANCELLED, detail=why, root_cause=why, exit_code=130, final=True)
+        return JobStore().get(rec.id), None
     try:
         launcher, handle, rd = _backend(rec)
         st = launcher.status(handle, rd)

@@ -74,6 +74,18 @@ class SubmitCancelled(OrchestratorError):
     exit_code = 130
 
 
+class LeasesBusy(OrchestratorError):
+    """A host or GPU the job needs is leased by another job (docs/CONTRACT.md "Leases"): the job waits (QUEUED), or
+    with `submit --no-wait` exits 75 (EX_TEMPFAIL) with this one line. `busy`: what each busy host reported
+    ({"host", "lock", "what", "holder"})."""
+
+    exit_code = 75  # EX_TEMPFAIL (sysexits.h): the one value of orchestrator.core.leases.EXIT_BUSY
+
+    def __init__(self, busy: list[dict], text: str):
+        self.busy = list(busy)
+        super().__init__(text or "a host the job needs is leased")
+
+
 class PreflightError(ConfigError):
     """A host or cluster is not usable (unreachable, bad key, no python...). Exit 2, nothing started.
     `bad_hosts` {host: why}: the problems that a spare host could fix (the host cannot run the job; not a setting

@@ -113,6 +113,8 @@ def _child_argv(args, overrides: list[str], job_id: str) -> list[str]:
             argv += [flag, str(value)]
     if args.quiet:
         argv.append("--quiet")
+    if getattr(args, "no_wait", False):  # a point whose hosts are leased ends at once (exit 75) instead of QUEUED
+        argv.append("--no-wait")
     return argv
 
 

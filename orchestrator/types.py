@@ -14,6 +14,7 @@ class JobState(str, enum.Enum):
     """Every state a job record can be in. `terminal` is the one terminal set; the store writes nothing else."""
 
     PENDING = "PENDING"  # recorded, nothing started yet (or queued by the scheduler)
+    QUEUED = "QUEUED"  # waits for hosts / GPUs another job leases (docs/CONTRACT.md "Leases"); nothing started
     RUNNING = "RUNNING"
     RESTARTING = "RESTARTING"  # an attempt ended; the next starts from the last checkpoint
     COMPLETED = "COMPLETED"

@@ -261,6 +261,16 @@ def looping_job(tmp_path: Path) -> Path:
     return job_file
 
 
+def read_until(proc: subprocess.Popen, text: str) -> list[str]:
+    """Lines of `proc`'s output up to and including the first that holds `text` (all of it when none does)."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if text in line:
+            break
+    return lines
+
+
 def read_looping_ranks(proc: subprocess.Popen, n: int) -> tuple[str, list[int]]:
     """Read an attached `orchestrate submit` of looping_job() until its `n` ranks loop: (job id, the ranks' pids)."""
     lines, ranks = [], []

@@ -23,7 +23,8 @@ from typing import Any, Iterator
 
 from orchestrator.core.jobplan import LaunchPlan
 from orchestrator.core.schema import is_secret_name
-from orchestrator.errors import LaunchError, PreflightError, Problem
+from orchestrator.core.leases import busy_error_text, lease_request
+from orchestrator.errors import LaunchError, LeasesBusy, PreflightError, Problem
 from launchers.base import container_problems, record_container, run_dir_logs, status_from_nodes
 from launchers.ssh.job import Node, SSHJob, copy_run_dir, node_at_host, rank_at_host
 from launchers.ssh.remote import (WRAPPER_MARK, agent_shell, await_probe, close_channel,
@@ -68,6 +69,9 @@ class SSHLauncher:
             probe.update(probe_network_gpus(plan, np_.env))
             if plan.container is not None and plan.container.agent_side:  # the stack is checked in the image
                 probe.update(container=plan.container.to_dict(), needed=list(plan.needed()))
+            lease = lease_request(plan, np_.node_rank)  # taken by the agent as it probes (docs/CONTRACT.md "Leases")
+            if lease is not None:
+                probe["lease"] = lease
             prefix = agent_prefix(self._workdir(host), plan.node_package) if plan.node_package and not shared else ()
             argv = ("setsid", "-w") + prefix + agent_argv(python, run_dir, node_rank=np_.node_rank, watch_stdin=True,
                                                  secrets_stdin=True, forward_heartbeats=True, grace=self.grace_s,
@@ -170,12 +174,15 @@ class SSHLauncher:
                   and "container" in r["probe"]}
         if not problems and checks:
             problems.extend(container_problems(sub.extra["container"]["image"], checks))
-        if problems:
+        busy = [r["probe"]["busy"] for r in results.values() if isinstance(r, dict) and r["probe"].get("busy")]
+        if problems or busy:
             for chan in chans.values():
                 close_channel(chan)  # stdin EOF: every waiting agent exits without starting anything
             for session in list((sessions or {}).values()):
                 session.close()
             pool.close()
+            if not problems:  # every host can run it, some are leased by another job: the api waits (QUEUED)
+                raise LeasesBusy(busy, busy_error_text(busy))
             raise PreflightError(problems, bad_hosts=bad_hosts)
         if checks:
             record_container(local, sub.extra["container"], checks)

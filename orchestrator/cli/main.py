@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true", help="print the plan and stop (like render, without files)")
     s.add_argument("--detach", "-d", action="store_true", help="validate, start a background supervisor that runs "
                    "and monitors the job, print its id and return (then: orchestrate attach JOB)")
+    s.add_argument("--no-wait", action="store_true", help="hosts or GPUs leased by another job: exit 75 at once "
+                   "naming them and their holder, instead of waiting QUEUED for them")
     s.add_argument("--job-id", default=None, help=argparse.SUPPRESS)
     s.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
                    help="run a grid: one job per combination of the values (repeat for more keys); every point is "
@@ -210,6 +212,9 @@ def cmd_submit(args) -> int:
     def on_event(kind: str, data: dict) -> None:
         if kind == "submitting":
             say(f"job {data['job_id']}: run dir {data['run_dir']}")
+        elif kind == "queued":
+            say(f"job {data['job_id']}: QUEUED (#{data['position']} in this store's queue for these hosts): "
+                f"{data['line']}; waiting (Ctrl-C cancels, nothing has started)")
         elif kind == "restart":
             say(f"job {data['job_id']}: restart {data['restart']}/{data['max_restarts']} from the latest "
                 f"checkpoint (furthest step {data['step']}): {data['reason']}")
@@ -224,7 +229,8 @@ def cmd_submit(args) -> int:
     sup = Supervisor(prepared.plan)
     _supervisor_signals(sup, prepared.plan.run_dir)
     try:
-        result = api.submit(prepared, on_line=on_line, on_beat=on_beat, on_event=on_event, supervisor=sup)
+        result = api.submit(prepared, on_line=on_line, on_beat=on_beat, on_event=on_event, supervisor=sup,
+                            wait=not args.no_wait)
     finally:
         try:
             progress.close()
@@ -317,7 +323,10 @@ def _record(job: str):
 def cmd_ls(args) -> int:
     from orchestrator import api
     from orchestrator.cli.views import last_step
-    rows = [dict(r.to_dict(), step=last_step(r.run_dir)) for r in api.jobs(args.limit)]
+    records = api.jobs(args.limit)
+    queue = api.queue_positions() if any(r.state == "QUEUED" for r in records) else {}
+    rows = [dict(r.to_dict(), step=last_step(r.run_dir), **({"queue_position": queue[r.id]} if r.id in queue else {}))
+            for r in records]
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True))
     else:
@@ -330,7 +339,8 @@ def cmd_status(args) -> int:
     from orchestrator import api
     from orchestrator.cli.views import job_status
     rec, backend = api.status(args.job)
-    st = job_status(rec.to_dict())
+    queue = api.queue_positions() if rec.state == "QUEUED" else {}
+    st = job_status(dict(rec.to_dict(), queue_position=queue.get(rec.id)))
     if backend is not None and (backend.detail or backend.reason):
         st["scheduler"] = f"{backend.state} ({backend.detail or backend.reason})"
     if args.json:

@@ -13,12 +13,12 @@ import sys
 import time
 from typing import Any
 
-from orchestrator.cli.views import (fmt_age, fmt_loss, fmt_step, jobs_text, rank_rows, resumed_text, sparkline,
-                                    status_text)
+from orchestrator.cli.views import (fmt_age, fmt_loss, fmt_step, jobs_text, queue_text, rank_rows, resumed_text,
+                                    sparkline, state_label, status_text)
 
 COLOR_MODES = ("auto", "always", "never")
 
-STATE_STYLE = {"COMPLETED": "green", "RUNNING": "yellow", "RESTARTING": "yellow", "PENDING": "cyan",
+STATE_STYLE = {"COMPLETED": "green", "RUNNING": "yellow", "RESTARTING": "yellow", "PENDING": "cyan", "QUEUED": "cyan",
                "FAILED": "bold red", "CANCELLED": "magenta", "TIMEOUT": "red", "NODE_FAIL": "red",
                "OUT_OF_MEMORY": "red", "PREEMPTED": "yellow",
                # a rank's state (views.rank_rows)
@@ -68,7 +68,10 @@ def jobs_table(rows: list[dict[str, Any]], now: float | None = None):
     table.add_column("CAUSE")  # the one column that gives way when the terminal is narrow
     for r in rows:
         step = r.get("step")
-        table.add_row(r["id"], state_text(r["state"]), r["backend"], str(r["nodes"]),
+        state = state_text(r["state"])
+        if state_label(r) != r["state"]:
+            state.append(state_label(r)[len(r["state"]):])
+        table.add_row(r["id"], state, r["backend"], str(r["nodes"]),
                       "-" if step is None else str(step), fmt_age(now - r["created"]),
                       Text(short(r.get("root_cause")), style="red", no_wrap=True, overflow="ellipsis"))
     return table
@@ -95,7 +98,7 @@ def status_header(st: dict[str, Any]):
         state.append(f"  (exit {st['exit_code']})")
     rows = [("job", st["job"]), ("state", state), ("backend", f"{st['backend']}  {st['handle'] or ''}".rstrip()),
             ("cluster", st["cluster"]), ("run dir", st["run_dir"]), ("restarts", str(st["restarts"])),
-            ("scheduler", st.get("scheduler")),
+            ("scheduler", st.get("scheduler")), ("queue", queue_text(st)),
             ("root cause", st["root_cause"] and Text(st["root_cause"], style="red")), ("loss", _loss_line(st)),
             ("resumed", st.get("resumed_from") and resumed_text(st["resumed_from"], verb=""))]
     for key, value in rows:

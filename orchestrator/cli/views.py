@@ -80,7 +80,7 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
             "exit_code": record.get("exit_code"), "root_cause": record.get("root_cause"), "run_dir": record["run_dir"],
             "created": record["created"], "updated": record["updated"], "fetched": _fetched(run_dir),
             "container": _container(run_dir, plan), "excluded": _excluded(run_dir), "stragglers": named,
-            "attempts": _attempts(run_dir), "resumed_from": _resumed_from(run_dir)}
+            "attempts": _attempts(run_dir), "resumed_from": _resumed_from(run_dir), "queue": _queue(run_dir, record)}
 
 
 def _attempts(run_dir: Path) -> list[dict[str, Any]]:
@@ -109,6 +109,28 @@ def resumed_text(r: dict[str, Any], verb: str = "resumed") -> str:
     """'resumed from checkpoint-120 of job X (step 120): PATH' for a {path, job, step} record ('from ...': no verb)."""
     from orchestrator.core.resume import Checkpoint
     return f"{verb} " * bool(verb) + f"from {Checkpoint(r['path'], r.get('job'), r.get('step')).of()}: {r['path']}"
+
+def _queue(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:
+    """A QUEUED job: {"position" (in this store's queue, when the caller knows it), "waiting_for", "since"}."""
+    if record["state"] != "QUEUED":
+        return None
+    q = _read_json(run_dir / "queue.json")
+    return {"position": record.get("queue_position"), "waiting_for": q.get("waiting_for"), "since": q.get("since")}
+
+
+def queue_text(st: dict[str, Any]) -> str | None:
+    """What a QUEUED job waits for, and its place in this store's queue (`status`)."""
+    q = st.get("queue")
+    if not q:
+        return None
+    return (f"#{q['position']} in this store's queue for these hosts; " if q.get("position") else "") + \
+        f"waiting: {q.get('waiting_for') or 'leased hosts'}"
+
+
+def state_label(r: dict[str, Any]) -> str:
+    """The state as `ls` shows it: a QUEUED job with its place in this store's queue (`QUEUED #2`)."""
+    pos = r.get("queue_position")
+    return f"{r['state']} #{pos}" if r["state"] == "QUEUED" and pos else r["state"]
 
 
 def _excluded(run_dir: Path) -> dict[str, str]:
@@ -192,6 +214,8 @@ def status_text(st: dict[str, Any]) -> str:
              f"restarts {st['restarts']}", f"run dir  {st['run_dir']}"]
     if st.get("scheduler"):
         lines.append(f"sched    {st['scheduler']}")
+    if st.get("queue"):
+        lines.append(f"queue    {queue_text(st)}")
     if st["root_cause"]:
         lines.append(f"cause    {st['root_cause']}")
     for a in st.get("attempts") or []:
@@ -239,7 +263,7 @@ def jobs_text(records: list[dict[str, Any]], now: float | None = None) -> str:
     lines = [f"{'JOB':<44} {'STATE':<10} {'BACKEND':<7} {'NODES':>5} {'STEP':>7} {'AGE':>6}"]
     for r in records:
         step = r.get("step")
-        lines.append(f"{r['id'][:44]:<44} {r['state']:<10} {r['backend']:<7} {r['nodes']:>5} "
+        lines.append(f"{r['id'][:44]:<44} {state_label(r):<10} {r['backend']:<7} {r['nodes']:>5} "
                      f"{('-' if step is None else str(step)):>7} {fmt_age(now - r['created']):>6}")
     return "\n".join(lines)
 

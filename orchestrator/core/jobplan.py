@@ -100,6 +100,8 @@ class LaunchPlan:
     # where the submit host's node package is (holding orchestrator/ and recipes/; a container mounts those two).
     container: ContainerPlan | None = None
     package_root: str = ""
+    # Who submitted it (user@host, filled by the api): a lease file names it (core.leases.holder)
+    submitter: str = ""
 
     def node(self, rank: int) -> NodePlan:
         return self.node_plans[rank]
@@ -145,11 +147,12 @@ class LaunchPlan:
 
 
 _UNSET_LEFT_OUT = ("run_kind", "run_target", "run_paths", "gpus_per_node", "gpu_ids", "allow_idle_gpus",
-                   "network_interface", "env_passthrough", "rank_cwd", "node_package", "container", "package_root")
+                   "network_interface", "env_passthrough", "rank_cwd", "node_package", "container", "package_root",
+                   "submitter")
 _DEFAULTS: dict[str, Any] = {"run_kind": "recipe", "run_target": "", "run_paths": [], "gpus_per_node": None,
                              "gpu_ids": [], "allow_idle_gpus": False, "network_interface": None, "env_passthrough": [],
                              "rank_cwd": "", "node_package": "", "container": None,
-                             "package_root": ""}
+                             "package_root": "", "submitter": ""}
 def needed_packages(run_kind: str, deepspeed: bool = False) -> tuple[str, ...]:
     """The Python packages the ranks' interpreter must have (a host's, or the container image's): torch and
     accelerate always; transformers and trl for a built-in recipe or a TRL subcommand; deepspeed for its profiles."""

@@ -236,15 +236,15 @@ class Agent:
             pass
         return f"node {self.rank} ({socket.gethostname()}): " + "; ".join(res["problems"]) if res["problems"] else None
 
-    def refuse(self, problem: str) -> int:
-        """The node cannot run as planned: say why (one `PreflightError:` line, the supervisor's root cause), record
-        it in exit.json, start nothing. Returns the exit code."""
-        os.write(2, f"PreflightError: {problem}\n".encode())
-        self.rd.write_exit(self.rank, ExitRecord(returncode=2, time=time.time(), signal=None, launch_returncode=2,
+    def refuse(self, problem: str, code: int = 2, kind: str = "PreflightError") -> int:
+        """The node cannot run as planned: say why (one `PreflightError:` line, the supervisor's root cause; a lost
+        lease race: `LeaseBusy:`, exit 75), record it in exit.json, start nothing. Returns the exit code."""
+        os.write(2, f"{kind}: {problem}\n".encode())
+        self.rd.write_exit(self.rank, ExitRecord(returncode=code, time=time.time(), signal=None, launch_returncode=code,
                                                  stop_reason="", preempted=False, hang=None, rank_death=None,
                                                  host=socket.gethostname()))
         # (no stop_reason: nobody stopped this node, it failed on its own; the cause is the PreflightError line)
-        return 2
+        return code
 
     def watch_main_reachable(self) -> None:
         """A node other than the main one: the main node's rendezvous port must answer within
@@ -501,6 +501,20 @@ def _child_setup() -> None:
         pass
 
 
+def take_lease(request: dict):
+    """Take this node's lease (core.leases.lease_request's JSON) at once: (Held, None) — keep it for the life of this
+    process — or (None, the busy lock with its holder)."""
+    import getpass
+    from orchestrator.core.leases import Lock, holder
+    from orchestrator.node.lease import take
+    try:
+        me = f"{getpass.getuser()}@{socket.gethostname()}"
+    except (KeyError, OSError):  # no passwd entry for the uid
+        me = f"uid {os.getuid()}@{socket.gethostname()}"
+    who = holder(str(request.get("job", "")), str(request.get("submitter") or me), os.getpid(), time.time(), "")
+    return take([Lock.from_list(x) for x in request["locks"]], who, str(request["host"]))
+
+
 def read_secrets_line() -> dict[str, str] | None:
     """One JSON line from fd 0, read byte-wise so nothing after it is swallowed by a buffer; None on EOF before
     a complete line (with --probe: the submitter called the start off)."""
@@ -544,12 +558,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     parent = os.getppid()  # before anything can make this process an orphan
     os.umask(0o077)  # everything the agent and its launch create in the run dir is owner-only
+    lease = None  # the host's / GPUs' lease (core.leases): held by this process until it ends
     if args.probe is not None:
+        from orchestrator.core.leases import EXIT_BUSY
         from orchestrator.node.probe import PROBE_MARK, probe_spec
-        res = probe_spec(json.loads(args.probe))
+        spec = json.loads(args.probe)
+        res = probe_spec(spec)
+        if not res["problems"] and spec.get("lease"):
+            lease, res["busy"] = take_lease(spec["lease"])
         print(PROBE_MARK + json.dumps(res), flush=True)
         if res["problems"]:
             return 2
+        if lease is None and res.get("busy"):
+            return EXIT_BUSY
     run_dir = Path(args.run_dir).expanduser().resolve()
     if args.kill:
         from orchestrator.node.ops import kill_node
@@ -578,6 +599,13 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, lambda s, _f: agent.forward(s))
     # network, GPUs (docs/gpus.md), the GPUs' health and the container (SLURM: nothing checked this node before)
+    if args.probe is None:
+        from orchestrator.core.leases import EXIT_BUSY, busy_text, lease_request
+        request = lease_request(plan, rank)
+        if request is not None:
+            lease, busy = take_lease(request)
+            if lease is None:
+                return agent.refuse(busy_text(busy or {}), EXIT_BUSY, "LeaseBusy")
     problem = agent.node_checks() or agent.gpu_health_check() or agent.container_check()
     if problem:
         return agent.refuse(problem)
@@ -594,7 +622,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.monitor or (args.monitor is None and plan.cluster_kind == "slurm"):
         agent.monitor()
     agent.watch_main_reachable()
-    return agent.wait()
+    code = agent.wait()
+    if lease is not None:
+        lease.release()  # (the exit would too; said here so the lease visibly lives as long as the job)
+    return code
 
 
 if __name__ == "__main__":

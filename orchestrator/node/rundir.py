@@ -116,6 +116,7 @@ class RunDir:
     PLAN, RECIPE, CLUSTER, HANDLE, CANCEL = "plan.json", "recipe.yaml", "cluster.json", "handle.json", "cancel.json"
     RESTARTS, SBATCH, SLURM_JOB_ID, NOTIFY = "restarts.jsonl", "job.sbatch", "slurm_job_id", "notify.log"
     LOGS, HEARTBEATS, STACKS, NODES = "logs", "heartbeats", "stacks", "nodes"
+    QUEUE = "queue.json"  # while the job waits for leased hosts / GPUs (QUEUED): what it waits for, since when
     STRAGGLERS = "stragglers.json"  # the supervisor's straggler verdicts and each rank's evidence (core.health)
     RESUMED = "resumed_from.json"  # another job's checkpoint this job began from, as asked (api.check_resume)
 

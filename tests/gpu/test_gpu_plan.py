@@ -235,20 +235,27 @@ def test_detect_accelerator_and_inventory(fake_local_gpus, monkeypatch):
 
 
 def test_busy_gpus_of_live_local_jobs(tmp_path, monkeypatch):
-    """GPUs recorded by a live local job's nodes are busy for the next job; a dead agent frees them."""
-    import json
+    """GPUs another live local job's node agent leases (core.leases, whoever submitted it) are busy for the next job's
+    plan; the lease ends with its holder process, and the GPUs are free again."""
+    import signal
     from orchestrator import api
-    from orchestrator.node.rundir import AgentRecord, RunDir
-    from orchestrator.store import JobStore
-    monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path / "home"))
-    plan, files = build("local_auto_8gpus_2nodes")
-    rd = RunDir(tmp_path / "runs" / "j1")
-    api.write_files(files, rd.root)
-    store = JobStore()
-    store.create(job_id="j1", recipe="r.yaml", recipe_digest="x", cluster="local", backend="local", nodes=2,
-                 world_size=8, run_dir=str(rd.root))
-    store.update("j1", "RUNNING")
-    rd.write_agent(AgentRecord(node_rank=1, host="h", agent_pid=os.getpid(), agent_pgid=os.getpgrp(), pid=os.getpid(),
-                               pgid=os.getpgrp(), main_ip="127.0.0.1", started=0.0, agent_proc_start=0, token="t"))
-    assert api.busy_local_gpus() == (4, 5, 6, 7)
-    assert json.loads(rd.path("plan.json").read_text())["gpus_per_node"] == 4
+    from orchestrator.core.leases import LOCAL_HOST, node_locks
+    monkeypatch.setenv("ORCHESTRATE_LEASE_DIR", str(tmp_path / "leases"))
+    assert api.busy_local_gpus() == ()
+    hold = ("import sys, time\nfrom orchestrator.core.leases import LOCAL_HOST, node_locks\n"
+            "from orchestrator.node.lease import take\n"
+            "h, _ = take(list(node_locks(LOCAL_HOST, (4, 5, 6, 7))), {'job': 'j1'}, LOCAL_HOST)\n"
+            "print(h is not None, flush=True)\ntime.sleep(600)\n")
+    p = subprocess.Popen([sys.executable, "-c", hold], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        assert p.stdout.readline().strip() == "True"
+        assert api.busy_local_gpus() == (4, 5, 6, 7)
+        plan = make_plan(recipe(nodes=1), parse_cluster({}), facts(parse_cluster({}), gpu_inventory={"localhost": 8},
+                                                                   gpu_busy=api.busy_local_gpus()))
+        assert plan.node_plans[0].env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+        assert node_locks(LOCAL_HOST, (0, 1, 2, 3))[1].name == "host-localhost.gpu0.lock"
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert api.busy_local_gpus() == ()
