@@ -110,6 +110,7 @@ def resumed_text(r: dict[str, Any], verb: str = "resumed") -> str:
     from orchestrator.core.resume import Checkpoint
     return f"{verb} " * bool(verb) + f"from {Checkpoint(r['path'], r.get('job'), r.get('step')).of()}: {r['path']}"
 
+
 def _queue(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:
     """A QUEUED job: {"position" (in this store's queue, when the caller knows it), "waiting_for", "since"}."""
     if record["state"] != "QUEUED":
