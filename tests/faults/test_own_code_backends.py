@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -121,9 +120,10 @@ def test_users_trainer_script_faults_are_named(backend, fault, tmp_path, request
             res.root_cause
         assert took + gone <= 1.5, (took, gone)
     else:
-        # (a hang names the host as the rank's heartbeats do: the machine's own name)
-        assert res.hung and res.root_cause.startswith(f"rank 1 on {socket.gethostname()} hung: no heartbeat for "), \
-            res.root_cause
+        # (a hang names the host as the job does: the cluster file's host, SLURM's node; never the machine's own
+        # name where the job names it otherwise, as every SSH testbed host would be)
+        host1 = hosts[1] or rd.agent(1).host
+        assert res.hung and res.root_cause.startswith(f"rank 1 on {host1} hung: no heartbeat for "), res.root_cause
         assert f"(process {victim} is stopped)" in res.root_cause, res.root_cause
         assert took <= STALL + 5, took
 
@@ -133,9 +133,9 @@ def test_a_loop_without_an_optimizer_is_named_hung_through_beat(tmp_path, reques
     """A loop that steps no optimizer and imports no torch (tests/faults/beat_loop.py) with the opt-in standard-library
     `orchestrate_heartbeat.beat()`: its steps reach the monitor, and a SIGSTOPped rank is named hung within
     stall_timeout + 5 s."""
-    launcher, plan, rd, _ = _user_job("local", tmp_path, request, job_guard, 100_000,
-                                      {"stall_timeout": STALL, "startup_timeout": 120, "max_restarts": 0},
-                                      script=Path(__file__).with_name("beat_loop.py"))
+    launcher, plan, rd, hosts = _user_job("local", tmp_path, request, job_guard, 100_000,
+                                          {"stall_timeout": STALL, "startup_timeout": 120, "max_restarts": 0},
+                                          script=Path(__file__).with_name("beat_loop.py"))
     job = jobrun.start(launcher, plan, rd.root)
     wait_until(lambda: rd.furthest_step() and rd.furthest_step() >= 5, 120, 0.1, "both ranks beating")
     victim = rank_pids(rd.root)[1]
@@ -147,7 +147,7 @@ def test_a_loop_without_an_optimizer_is_named_hung_through_beat(tmp_path, reques
     wait_gone(lambda: [p for t in tokens if t for p in marked(t)], 20)
     print(f"beat loop/sigstop: {res.state} after {took:.2f}s: {res.root_cause[:200]}")
     assert res.state == "FAILED" and res.hung, res
-    assert res.root_cause.startswith(f"rank 1 on {socket.gethostname()} hung: no heartbeat for ") and \
+    assert res.root_cause.startswith(f"rank 1 on {hosts[1]} hung: no heartbeat for ") and \
         f"(process {victim} is stopped)" in res.root_cause, res.root_cause
     assert "ranks 0 also silent" not in res.root_cause, res.root_cause  # rank 0 beats on: only rank 1 is named
     assert took <= STALL + 5, took
