@@ -121,8 +121,11 @@ def _child_argv(args, overrides: list[str], job_id: str) -> list[str]:
 def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
     """Plan every point, then run them at most --max-parallel at once. Exit 0 when every point COMPLETED, 130 when
     cancelled, else 1."""
+    from orchestrator.store import JobStore
     sweep_id, planned, first = plan_points(args, options)
     parallel = check_parallel(args.max_parallel, len(planned))
+    JobStore()  # the store exists (schema, WAL mode) before points start at once: a new store made by two submits at
+    # the same moment could answer one of them 'database is locked' before its job existed
     doc = {"id": sweep_id, "created": time.time(), "job_file": str(args.recipe), "cluster": args.cluster,
            "overrides": list(args.overrides), "options": list(options), "max_parallel": parallel,
            "runner_pid": os.getpid(), "points": [{"index": p.index, "overrides": list(p.overrides),
@@ -147,9 +150,13 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
+    tails: dict[int, list[str]] = {}
+
     def pump(index: int, p: subprocess.Popen) -> None:
         assert p.stdout is not None
+        tail = tails.setdefault(index, [])
         for line in p.stdout:
+            tail[:] = (tail + [line.rstrip()])[-3:]
             try:
                 say(f"[p{index}] {line.rstrip()}")
             except OSError:
@@ -188,6 +195,12 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
             signal.signal(s, h)
         for t in readers:
             t.join(5)
+    for pt in doc["points"]:  # a point whose submit ended before its job existed: say why, in the table too
+        i = pt["index"]
+        if i in codes and JobStore().get(pt["job_id"]) is None:
+            pt["not_started"] = f"its submit exited {codes[i]}: " + " / ".join(tails.get(i, []))[-300:]
+            say(f"sweep {sweep_id}: p{i} did not start: {pt['not_started']}")
+    _write_sweep(doc)
     states = table_rows(doc)
     say(sweep_text(doc, states))
     if cancel.is_set():
@@ -224,7 +237,7 @@ class Curves:
 
     def judge(self, doc: dict[str, Any], running: set[int], factor: float) -> dict[int, str]:
         """Running points to stop: a NaN / infinite loss, or a loss above `factor` x the best loss any other point
-        had at the same step."""
+        had at the same step (the latest step it shares with another point)."""
         for pt in doc["points"]:
             self.read(pt["index"], pt["job_id"])
         out = {}
@@ -232,11 +245,16 @@ class Curves:
             curve = self.loss.get(i) or {}
             if not curve:
                 continue
-            step = max(curve)
-            loss = curve[step]
-            if not math.isfinite(loss):
-                out[i] = f"loss {loss} at step {step}"
+            bad = [st for st, v in curve.items() if not math.isfinite(v)]
+            if bad:
+                out[i] = f"loss {curve[min(bad)]} at step {min(bad)}"
                 continue
+            # the latest step another point logged too (a point ahead of the others is judged where they are)
+            shared = set(curve) & {st for j, c in self.loss.items() if j != i for st in c}
+            if not shared:
+                continue
+            step = max(shared)
+            loss = curve[step]
             others = [(c[step], j) for j, c in self.loss.items() if j != i and step in c and math.isfinite(c[step])]
             if others:
                 best, j = min(others)
@@ -296,7 +314,7 @@ def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"point": f"p{pt['index']}", "overrides": pt["overrides"], "job": pt["job_id"],
                      "state": rec.state if rec else "NOT STARTED", "step": step, "final_loss": final,
                      "best_loss": best, "root_cause": (rec.root_cause if rec else None),
-                     "stopped_early": pt.get("stopped_early")})
+                     "stopped_early": pt.get("stopped_early"), "not_started": pt.get("not_started")})
     return sorted(rows, key=lambda r: (r["final_loss"] is None, r["final_loss"] or 0.0, r["point"]))
 
 
@@ -308,7 +326,8 @@ def sweep_text(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lines.append(f"{r['point']:<6} {r['state']:<11} {r['step'] if r['step'] is not None else '-':>6} "
                      f"{loss(r['final_loss']):>8} {loss(r['best_loss']):>8}  {' '.join(r['overrides'])}"
-                     + (f"  (stopped early: {r['stopped_early']})" if r.get("stopped_early") else ""))
+                     + (f"  (stopped early: {r['stopped_early']})" if r.get("stopped_early") else "")
+                     + (f"  (did not start: {r['not_started']})" if r.get("not_started") else ""))
     return "\n".join(lines)
 
 

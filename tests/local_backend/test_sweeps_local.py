@@ -93,9 +93,10 @@ def test_a_diverging_point_is_stopped_early(tmp_path, job_guard):
             "--quiet", "trainer.max_steps=200", "trainer.logging_steps=1", "trainer.save_steps=1000",
             f"trainer.output_dir={tmp_path / 'out'}", env=env, cwd=REPO, timeout=900)
     out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-4000:]
+    p1 = "\n".join(line for line in out.splitlines() if line.startswith("[p1]") or "p1 " in line)
+    assert p.returncode == 0, p1[-3000:] + out[-2000:]
     sid = _sweep_id(out)
-    assert f"sweep {sid}: p1 stopped early: " in out, out[-3000:]
+    assert f"sweep {sid}: p1 stopped early: " in out, p1[-3000:] + out[-2000:]
     table = {r["point"]: r for r in json.loads(cli("sweep", sid, "--json", env=env).stdout)["points"]}
     assert table["p0"]["state"] == "COMPLETED" and table["p0"]["step"] == 200, table
     assert table["p1"]["state"] == "CANCELLED" and table["p1"]["stopped_early"], table
