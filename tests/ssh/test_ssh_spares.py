@@ -33,16 +33,21 @@ def _sft(testbed, tmp_path: Path, hosts: list[str], *extra: str):
     return home, args
 
 
+def _submit_while(args, home: Path, fault):
+    """The CLI's submit of `args` while `fault` (a HostKiller or Throttler) acts; the fault stopped whatever happens."""
+    try:
+        return cli(*args, env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=900)
+    finally:
+        fault.stop()
+
+
 @pytest.mark.fault
 def test_a_host_that_crashes_every_attempt_is_replaced_by_the_spare(testbed, tmp_path, job_guard):
     a, b, c = testbed.hosts[:3]
     home, args = _sft(testbed, tmp_path, [a, b, c])
     job_guard.home(home)
     killer = HostKiller(home, b, after=10, times=2)  # b's rank: killed 10 steps into attempt 0, 2 into attempt 1
-    try:
-        p = cli(*args, env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=900)
-    finally:
-        killer.stop()
+    p = _submit_while(args, home, killer)
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "COMPLETED" in p.stdout, out[-4000:]
     assert len(killer.kills) == 2, killer.kills
@@ -76,10 +81,7 @@ def test_without_a_spare_the_job_fails_saying_so(testbed, tmp_path, job_guard):
     home, args = _sft(testbed, tmp_path, [a, b])
     job_guard.home(home)
     killer = HostKiller(home, b, after=10, times=2)
-    try:
-        p = cli(*args, env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=900)
-    finally:
-        killer.stop()
+    p = _submit_while(args, home, killer)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     assert f"{b} is bad (crash, again) and no spare host is left to replace it" in p.stderr, p.stderr[-3000:]
 
@@ -102,10 +104,7 @@ def test_a_straggler_host_is_replaced_by_the_spare_with_restart_without(testbed,
         return next(iter(mine.values()), None)
 
     throttle = Throttler(slow_rank, stop_s=0.025, period_s=0.03)
-    try:
-        p = cli(*args, env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=900)
-    finally:
-        throttle.stop()
+    p = _submit_while(args, home, throttle)
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "COMPLETED" in p.stdout, out[-4000:]
     assert "is a straggler: " in out and f" on {b} " in out, out[-4000:]
