@@ -72,7 +72,8 @@ def _output_override(prepared, point_dir: str) -> str | None:
 
 
 def plan_points(args, options: list[str]) -> tuple[str, list[tuple[Point, list[str]]], Any]:
-    """(sweep id, [(point, its overrides)], the first point's Prepared): every point planned, every problem named."""
+    """(sweep id, [(point, its overrides, its run dir)], the first point's Prepared): every point planned, every
+    problem named."""
     from orchestrator import api
     points = expand(options)
     sweep_id = new_sweep_id()
@@ -99,7 +100,7 @@ def plan_points(args, options: list[str]) -> tuple[str, list[tuple[Point, list[s
                          for p in e.problems]
             continue
         first = first or prepared
-        planned.append((point, overrides))
+        planned.append((point, overrides, prepared.plan.run_dir))
     if problems:
         raise ConfigError(problems, source=args.recipe)
     return sweep_id, planned, first
@@ -129,7 +130,8 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
     doc = {"id": sweep_id, "created": time.time(), "job_file": str(args.recipe), "cluster": args.cluster,
            "overrides": list(args.overrides), "options": list(options), "max_parallel": parallel,
            "runner_pid": os.getpid(), "points": [{"index": p.index, "overrides": list(p.overrides),
-                                                  "job_id": point_job_id(sweep_id, p)} for p, _ in planned]}
+                                                  "job_id": point_job_id(sweep_id, p), "run_dir": rd}
+                                                 for p, _, rd in planned]}
     _write_sweep(doc)
     say(f"sweep {sweep_id}: {len(planned)} point(s), at most {parallel} at once "
         f"(orchestrate sweep {sweep_id}; orchestrate cancel {sweep_id})")
@@ -164,7 +166,7 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
 
     pending = list(planned)
     readers: list[threading.Thread] = []
-    curves = Curves(sweeps_dir().parent / "runs")
+    curves = Curves()
     next_judge = 0.0
     try:
         while (pending or procs) and not (cancel.is_set() and not procs):
@@ -179,7 +181,7 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
                         _stop_early(doc, i, why, procs[i])
                         say(f"sweep {sweep_id}: p{i} stopped early: {why}")
                 while pending and len(procs) < parallel and not cancel.is_set():
-                    point, overrides = pending.pop(0)
+                    point, overrides, _ = pending.pop(0)
                     jid = point_job_id(sweep_id, point)
                     say(f"sweep {sweep_id}: starting p{point.index} ({point.label()}) as job {jid}")
                     p = subprocess.Popen(_child_argv(args, overrides, jid), stdout=subprocess.PIPE,
@@ -209,17 +211,16 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
 
 
 class Curves:
-    """Rank 0's loss per step of every point, read incrementally from its heartbeats (RUNS/<job>/heartbeats)."""
+    """Rank 0's loss per step of every point, read incrementally from its heartbeats (its run dir's, as planned)."""
 
-    def __init__(self, runs: Path):
-        self.runs = runs
+    def __init__(self) -> None:
         self.loss: dict[int, dict[int, float]] = {}  # point -> step -> loss (NaN kept)
         self.offsets: dict[int, int] = {}
 
-    def read(self, index: int, job_id: str) -> dict[int, float]:
+    def read(self, index: int, run_dir: str) -> dict[int, float]:
         curve = self.loss.setdefault(index, {})
         try:
-            with open(self.runs / job_id / "heartbeats" / "rank0.jsonl", "rb") as fh:
+            with open(Path(run_dir, "heartbeats", "rank0.jsonl"), "rb") as fh:
                 fh.seek(self.offsets.get(index, 0))
                 data = fh.read()
         except OSError:
@@ -239,7 +240,7 @@ class Curves:
         """Running points to stop: a NaN / infinite loss, or a loss above `factor` x the best loss any other point
         had at the same step (the latest step it shares with another point)."""
         for pt in doc["points"]:
-            self.read(pt["index"], pt["job_id"])
+            self.read(pt["index"], pt["run_dir"])
         out = {}
         for i in sorted(running):
             curve = self.loss.get(i) or {}

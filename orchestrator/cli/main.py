@@ -429,7 +429,7 @@ def _submit_sweep(args) -> int:
     if args.dry_run:
         sweep_id, planned, _ = sweep.plan_points(args, args.sweep)
         print(f"sweep {sweep_id} (dry run): {len(planned)} point(s), every one planned")
-        for point, _ov in planned:
+        for point, *_ in planned:
             print(f"  p{point.index}  {point.label()}")
         return 0
     return sweep.run(args, args.sweep, say=lambda line: print(line, flush=True))

@@ -20,7 +20,7 @@ def test_the_grid_is_the_product_in_option_order_and_commas_in_brackets_stay():
 
 
 def test_a_point_is_judged_at_the_latest_step_it_shares_and_nan_stops_it_at_once(tmp_path):
-    c = Curves(tmp_path)
+    c = Curves()
     doc = {"points": []}
     c.loss = {0: {1: 6.0, 2: 5.0}, 1: {1: 6.0, 2: 9.0, 3: 12.0, 4: 20.0}}  # p1 runs ahead of p0
     assert list(c.judge(doc, {1}, 1.5)) == [1]  # judged at step 2 (9.0 > 1.5 x 5.0), not left running ahead
