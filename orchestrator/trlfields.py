@@ -11,10 +11,11 @@ Subcommands (`trl_commands`): every `trl/scripts/<name>.py` with a `make_parser`
 `-`), run on a rank as `python -m trl.scripts.<name>`; it trains when its parser holds a TrainingArguments subclass
 (its config class), and the parser's option strings are what it accepts.
 
-Importing trl costs seconds, so each result is cached per package version in
+Both are read from the packages' source (orchestrator.srcfields, ~0.1 s), so no submit imports transformers or trl;
+only source that reader does not follow is imported instead (seconds). Each result is cached per package version in
 $ORCHESTRATE_HOME/cache/<package>-<version>-<what>.kinds.json (a TRL config's <version> names transformers' too: the
 fields come from both; directory 0700, file 0600, written atomically); with the
-cache present, planning reads one small file and imports no trl. Without trl installed: None (not checked; the spec
+cache present, planning reads one small file. Without trl installed: None (not checked; the spec
 falls back to a fixed list of subcommand names).
 """
 
@@ -30,6 +31,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from orchestrator import srcfields
 from orchestrator.core.trainerranges import config_class_name
 
 CACHE_FORMAT = 1
@@ -161,11 +163,14 @@ def _class_info(package: str, class_name: str) -> tuple[dict[str, str], dict[str
     if fields is not None:
         return fields, dict((_read_payload(path) or {}).get("defaults") or {})
     try:
-        import importlib
-        cls = getattr(importlib.import_module(package), class_name)
-        fields, defaults = field_kinds(cls), field_defaults(cls)
-    except Exception:  # noqa: BLE001 - a broken install (or its torch) only costs the checks
-        return None
+        fields, defaults = srcfields.class_info(package, class_name)
+    except srcfields.Unreadable:
+        try:  # source this reader does not follow: import it (seconds, once per version)
+            import importlib
+            cls = getattr(importlib.import_module(package), class_name)
+            fields, defaults = field_kinds(cls), field_defaults(cls)
+        except Exception:  # noqa: BLE001 - a broken install (or its torch) only costs the checks
+            return None
     _save(path, {"format": CACHE_FORMAT, package: package_version, "class": class_name, "fields": fields,
                  "defaults": defaults})
     return fields, defaults
@@ -221,13 +226,7 @@ def build_trl_commands(scripts: Path) -> dict[str, dict[str, Any]]:
     """{subcommand: {module, config, training, options}} from TRL's scripts directory (imports each script)."""
     import importlib
     commands: dict[str, dict[str, Any]] = {}
-    for path in sorted(scripts.glob("*.py")):
-        if path.name.startswith("_"):
-            continue
-        text = path.read_text(errors="replace")
-        if "def make_parser" not in text and "__main__" not in text:
-            continue  # a helper module (utils.py)
-        name, module = path.stem.replace("_", "-"), f"trl.scripts.{path.stem}"
+    for name, module, text in srcfields.trl_scripts(scripts):
         entry: dict[str, Any] = {"module": module, "config": None, "training": False, "options": None}
         if "def make_parser" in text:
             try:
@@ -258,7 +257,12 @@ def trl_commands() -> dict[str, dict[str, Any]] | None:
     if scripts is None or not scripts.is_dir():
         return None
     try:
-        commands = build_trl_commands(scripts)
+        commands = srcfields.trl_commands(scripts)
+    except srcfields.Unreadable:
+        try:
+            commands = build_trl_commands(scripts)
+        except OSError:
+            return None
     except OSError:
         return None
     if not commands:
