@@ -337,14 +337,14 @@ def cmd_ls(args) -> int:
 
 def cmd_status(args) -> int:
     from orchestrator import api
-    from orchestrator.cli.views import job_status
+    from orchestrator.cli.views import SHOWN, job_status
     rec, backend = api.status(args.job)
     queue = api.queue_positions() if rec.state == "QUEUED" else {}
     st = job_status(dict(rec.to_dict(), queue_position=queue.get(rec.id)))
     if backend is not None and (backend.detail or backend.reason):
         st["scheduler"] = f"{backend.state} ({backend.detail or backend.reason})"
-    if args.json:
-        print(json.dumps(st, indent=2, sort_keys=True))
+    if args.json:  # a big job's on one line: the indenting encoder is pure Python (0.5 s for 8,192 ranks)
+        print(json.dumps(st, indent=2 if len(st["ranks"]) <= SHOWN else None, sort_keys=True))
     else:
         from orchestrator.cli.tty import show_status
         show_status(st, args.color)

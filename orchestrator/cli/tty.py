@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from orchestrator.cli.views import (fmt_age, fmt_loss, fmt_step, jobs_text, queue_text, rank_rows, resumed_text,
+from orchestrator.cli.views import (fmt_age, fmt_loss, fmt_step, jobs_text, notable_ranks, queue_text, resumed_text,
                                     sparkline, state_label, status_text)
 
 COLOR_MODES = ("auto", "always", "never")
@@ -114,7 +114,9 @@ def ranks_table(st: dict[str, Any]):
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
     for name in ("NODE", "HOST", "RANK", "STATE", "STEP", "LOSS", "HEARTBEAT", "EXIT"):
         table.add_column(name, justify="left" if name in ("HOST", "STATE") else "right", no_wrap=name != "HOST")
-    rows = rank_rows(st)
+    rows, summary = notable_ranks(st)
+    if summary:
+        table.caption, table.caption_justify = summary, "left"
     grouped = len({r["node"] for r in rows}) < len(rows)  # a rule between nodes when nodes have several ranks
     for i, r in enumerate(rows):
         last_of_node = grouped and (i + 1 == len(rows) or rows[i + 1]["node"] != r["node"])

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.health import HealthMonitor, HealthSpec
-from orchestrator.node.heartbeat import read_all
+from orchestrator.node.heartbeat import read_tails
 from orchestrator.types import is_terminal
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -45,7 +45,7 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
     now = time.time() if now is None else now
     run_dir = Path(record["run_dir"])
     plan = _read_json(run_dir / "plan.json")
-    heartbeats = read_all(run_dir / "heartbeats")
+    heartbeats = read_tails(run_dir / "heartbeats")  # bounded: each rank's latest records, not whole files
     world = int(plan.get("world_size") or record["world_size"])
     monitor = HealthMonitor(HealthSpec.from_dict(plan.get("health")), world, now)
     for rec in heartbeats:
@@ -72,7 +72,7 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
         ranks.append({"rank": st.rank, "host": host_of.get(st.rank) or st.host, "step": st.step,
                       "max_steps": st.max_steps, "loss": st.loss, "tokens": st.tokens, "event": st.event,
                       "heartbeat_age_s": round(now - st.t, 1) if st.t else None,
-                      "losses": [loss for _, loss in st.losses],
+                      "losses": [loss for _, loss in st.loss_curve()],
                       "compute_s": round(evidence[st.rank], 6) if st.rank in evidence else None,
                       "straggler": slow.get(st.rank)})
     return {"job": record["id"], "state": record["state"], "backend": record["backend"], "handle": record["handle"],
@@ -192,6 +192,53 @@ def rank_rows(st: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+SHOWN = 64  # a job of more ranks (nodes) shows the ones worth a look, and a summary line; all: `status --json`
+PICK = 8  # how many of the slowest steps and the oldest heartbeats a big job shows
+
+
+def notable_ranks(st: dict[str, Any], rows: list[dict[str, Any]] | None = None
+                  ) -> tuple[list[dict[str, Any]], str | None]:
+    """The rank rows `status` shows, and a summary line when they are not all: up to SHOWN rows are shown as they are;
+    of a bigger job rank 0, the ranks of nodes that exited non-zero, the slow ones (stragglers), the PICK lowest
+    steps and the PICK oldest heartbeats, in rank order."""
+    rows = rank_rows(st) if rows is None else rows
+    if len(rows) <= SHOWN:
+        return rows, None
+    slow = {s.get("rank") for s in st.get("stragglers") or []}
+    keep = {rows[0]["rank"]} | {r["rank"] for r in rows if r["exit_code"] not in (None, 0) or r["rank"] in slow}
+    stepped = [r for r in rows if r["step"] is not None]
+    keep |= {r["rank"] for r in sorted(rows, key=lambda r: (r["step"] is not None, r["step"] or 0))[:PICK]}
+    aged = [r for r in rows if r["heartbeat_age_s"] is not None]
+    keep |= {r["rank"] for r in sorted(aged, key=lambda r: -r["heartbeat_age_s"])[:PICK]}
+    shown = [r for r in rows if r["rank"] in keep][:SHOWN]
+    steps = sorted(r["step"] for r in stepped)
+    text = f"{len(rows)} ranks"
+    if steps:
+        text += f": step {steps[0]}-{steps[-1]} (median {steps[len(steps) // 2]})"
+    if aged:
+        ages = sorted(r["heartbeat_age_s"] for r in aged)
+        text += f", last heartbeat {fmt_age(ages[0])}-{fmt_age(ages[-1])} ago"
+    if len(stepped) < len(rows):
+        text += f", {len(rows) - len(stepped)} without a step yet"
+    return shown, text + f"; {len(shown)} shown: rank 0, failed, slow, the lowest steps, the oldest heartbeats " \
+                         f"(every rank: status --json)"
+
+
+def notable_nodes(st: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+    """The node rows `status` shows: all up to SHOWN; of more, the ones that did not exit 0 (or were stopped), and a
+    count per exit code."""
+    nodes = st["nodes"]
+    if len(nodes) <= SHOWN:
+        return nodes, None
+    counts: dict[str, int] = {}
+    for n in nodes:
+        key = "running" if n["exit_code"] is None else f"exit {n['exit_code']}"
+        counts[key] = counts.get(key, 0) + 1
+    shown = [n for n in nodes if n["exit_code"] not in (None, 0) or n["stop_reason"]][:SHOWN]
+    return shown, (f"{len(nodes)} nodes: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) +
+                   f"; {len(shown)} shown (the ones that did not exit 0; every node: status --json)")
+
+
 def fmt_loss(v: float | None) -> str:
     return f"{v:.4f}" if isinstance(v, (int, float)) else "-"
 
@@ -234,8 +281,12 @@ def status_text(st: dict[str, Any]) -> str:
                       for h in c["hosts"].values()} - {""})
         lines.append(f"image    {c['image']} ({c['runtime']})" + (f"  {', '.join(i[:71] for i in ids)}" if ids else ""))
     lines.append("")
-    lines.append(f"{'NODE':<5} {'HOST':<20} {'RANKS':<9} {'EXIT':<5} NOTE")
-    for n in st["nodes"]:
+    nodes, node_summary = notable_nodes(st)
+    if node_summary:
+        lines.append(f"nodes    {node_summary}")
+    if nodes:
+        lines.append(f"{'NODE':<5} {'HOST':<20} {'RANKS':<9} {'EXIT':<5} NOTE")
+    for n in nodes:
         ranks = f"{n['ranks'][0]}-{n['ranks'][-1]}" if n["ranks"] else "-"
         code = "-" if n["exit_code"] is None else str(n["exit_code"])
         lines.append(f"{n['node']:<5} {n['host'][:20]:<20} {ranks:<9} {code:<5} {n['stop_reason'] or ''}".rstrip())
@@ -247,8 +298,14 @@ def status_text(st: dict[str, Any]) -> str:
             lines.append(f"fetched  {st['fetched']}")
     if st["ranks"]:
         lines.append("")
+        ranks: list[dict[str, Any]] = st["ranks"]
+        if len(ranks) > SHOWN:
+            shown, summary = notable_ranks(st)
+            keep = {r["rank"] for r in shown}
+            ranks = [r for r in ranks if r["rank"] in keep]
+            lines.append(f"ranks    {summary}")
         lines.append(f"{'RANK':<5} {'HOST':<20} {'STEP':>10} {'LOSS':>8} {'BEAT':>6} {'FWD/STEP':>9}  LOSS CURVE")
-        for r in st["ranks"]:
+        for r in ranks:
             fwd = "-" if r.get("compute_s") is None else f"{r['compute_s'] * 1000:.1f}ms"
             if r.get("straggler"):
                 fwd = "SLOW " + fwd
@@ -299,9 +356,10 @@ def local_copy(path: str, run_dir: Path) -> str:
 
 
 def last_step(run_dir: str) -> int | None:
-    """The latest step any rank reported (cheap: the end of each heartbeat file)."""
+    """The latest step any rank reported (cheap: the last records of each heartbeat file, 512 bytes: `ls` of a
+    1,024 x 8-rank job reads 4 MiB, not the whole history)."""
     from orchestrator.node.rundir import RunDir
-    return RunDir(run_dir).furthest_step(tail_bytes=4096)
+    return RunDir(run_dir).furthest_step(tail_bytes=512)
 
 
 def staging_text(files: dict[str, str]) -> str:

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 STRAGGLER_ACTIONS = ("warn", "restart_without")
 MAX_WINDOW = 1000  # the most steps of evidence kept per rank (health.straggler.window is capped by it)
+MAX_LOSSES = 256  # loss points kept per rank for the curve (`loss_curve`: these and the latest)
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,17 @@ class RankState:
     t: float = 0.0  # the rank's own clock, for display
     received: float = 0.0  # the monitor's clock
     stepped: bool = False
-    losses: list[tuple[int, float]] = field(default_factory=list)
+    losses: list[tuple[int, float]] = field(default_factory=list)  # (step, loss), every `loss_stride`-th one
+    loss_stride: int = 1  # doubles each time `losses` is halved: at most MAX_LOSSES points, evenly over the run
+    losses_seen: int = 0
+    loss_step: int = 0  # the step of `loss`
     compute: deque = field(default_factory=lambda: deque(maxlen=MAX_WINDOW))  # (step, compute_s) of recent steps
+
+    def loss_curve(self) -> list[tuple[int, float]]:
+        """(step, loss) over the whole run: the kept points and the latest loss."""
+        latest = [(self.loss_step, self.loss)] if self.loss is not None else []
+        return self.losses + latest if self.losses and latest and self.losses[-1] != latest[0] else \
+            self.losses or latest
 
 
 @dataclass(frozen=True)
@@ -175,8 +185,12 @@ class HealthMonitor:
             st.tokens = rec.get("tokens")
         loss = rec.get("loss")
         if isinstance(loss, (int, float)):
-            st.loss = float(loss)
-            st.losses.append((st.step, float(loss)))
+            st.loss, st.loss_step = float(loss), st.step
+            if st.losses_seen % st.loss_stride == 0:
+                st.losses.append((st.step, float(loss)))
+                if len(st.losses) > MAX_LOSSES:  # bounded, the whole run's shape kept: every other point
+                    st.losses, st.loss_stride = st.losses[::2], st.loss_stride * 2
+            st.losses_seen += 1
         if st.event == "boot":  # a (re)started rank: start-up again, whatever an earlier attempt reached
             st.stepped = False
             st.compute.clear()

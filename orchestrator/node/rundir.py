@@ -333,7 +333,7 @@ class RunDir:
         of each heartbeat file (cheap, for listings: the latest steps, not an earlier attempt's furthest)."""
         best = None
         d = self.heartbeats
-        for f in sorted(d.glob("rank*.jsonl")) if d.is_dir() else []:
+        for f in d.glob("rank*.jsonl") if d.is_dir() else []:  # (a max: any order)
             try:
                 with open(f, "rb") as fh:
                     if tail_bytes:
@@ -342,7 +342,7 @@ class RunDir:
                     lines = fh.read().decode(errors="replace").splitlines()
             except OSError:
                 continue
-            for line in lines:
+            for line in reversed(lines[-2:] if tail_bytes else lines):  # a tail: its last complete records
                 try:
                     step = json.loads(line).get("step")
                 except (ValueError, AttributeError):
