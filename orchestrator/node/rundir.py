@@ -110,6 +110,9 @@ class AttemptRecord:
     exclude: str = ""  # the host this decision takes out of the job (the next attempt runs without it)
 
 
+STEP_TAIL = 16 << 10  # bytes of each rank's heartbeat file that furthest_step reads (~80 records)
+
+
 class RunDir:
     """One job's run directory; `RunDir(path)` names it, nothing is created until something is written."""
 
@@ -328,21 +331,21 @@ class RunDir:
         """Every restart, whoever decided it (the submitter's supervisor, or a SLURM requeue inside the allocation)."""
         return sum(1 for a in self.attempts() if a.decision == "restart")
 
-    def furthest_step(self, tail_bytes: int | None = None) -> int | None:
-        """The highest global step any rank reported (restart progress). `tail_bytes`: read only that much of the end
-        of each heartbeat file (cheap, for listings: the latest steps, not an earlier attempt's furthest)."""
+    def furthest_step(self, tail_bytes: int = STEP_TAIL) -> int | None:
+        """The highest global step any rank reported lately (restart progress: the latest attempt's furthest step),
+        from the last `tail_bytes` of each heartbeat file: bounded by the job's size, not its history (a restart of
+        8,192 ranks reads 128 MiB, not every record they ever wrote); `ls` reads 512 bytes of each."""
         best = None
         d = self.heartbeats
         for f in d.glob("rank*.jsonl") if d.is_dir() else []:  # (a max: any order)
             try:
                 with open(f, "rb") as fh:
-                    if tail_bytes:
-                        fh.seek(0, os.SEEK_END)
-                        fh.seek(max(0, fh.tell() - tail_bytes))
+                    size = fh.seek(0, os.SEEK_END)
+                    fh.seek(max(0, size - tail_bytes))
                     lines = fh.read().decode(errors="replace").splitlines()
             except OSError:
                 continue
-            for line in reversed(lines[-2:] if tail_bytes else lines):  # a tail: its last complete records
+            for line in lines[1:] if size > tail_bytes else lines:  # (a partial first line left out)
                 try:
                     step = json.loads(line).get("step")
                 except (ValueError, AttributeError):
