@@ -27,7 +27,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from orchestrator.errors import OrchestratorError
 
@@ -348,7 +348,42 @@ class JobStore:
                      (job_id, *TERMINAL))
         else:
             guard = ("SELECT COUNT(*) FROM jobs WHERE id=?", (job_id,))
-        return self._write(stmts, retry_s=retry_s, guard=guard)
+        done = self._write(stmts, retry_s=retry_s, guard=guard)
+        if done and (state in TERMINAL or state == "RUNNING"):
+            self.moved()
+        return done
+
+    @property
+    def wake_path(self) -> Path:
+        """jobs.wake: its mtime moves whenever a job of this store ends or starts running (the queue's wake-up,
+        `wait_moved`)."""
+        return self.path.with_suffix(".wake")
+
+    def moved(self) -> None:
+        """Tell the jobs queued in this store that one ended (their hosts or GPUs may be free now) or left the
+        queue (their place moved up)."""
+        try:
+            with open(self.wake_path, "a"):
+                pass
+            os.utime(self.wake_path)
+        except OSError:
+            pass  # a full disk: the waiters still look every QUEUE_POLL_S
+
+    def wait_moved(self, timeout: float, cancelled: Callable[[float], bool], every: float = 0.05) -> bool:
+        """Wait up to `timeout` seconds for a job of this store to end or start (True), or `cancelled(wait_s)` to say
+        True (False); a stat every `every` seconds, nothing else."""
+        def mtime() -> int:
+            try:
+                return os.stat(self.wake_path).st_mtime_ns
+            except OSError:
+                return 0
+        seen, deadline = mtime(), time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cancelled(every):
+                return False
+            if mtime() != seen:
+                return True
+        return False
 
     def get(self, job_id: str) -> JobRecord | None:
         rows = self._read("SELECT * FROM jobs WHERE id=?", (job_id,))

@@ -108,3 +108,26 @@ def test_an_agent_that_loses_the_race_sends_the_attempt_back_to_waiting(fake_loc
     assert queued and "GPU 0 of localhost is leased by job j-holder" in queued[0]["line"], events
     states = [e["state"] for e in JobStore().events(prepared.plan.job_id)]
     assert "QUEUED" in states and "FAILED" not in states, states
+
+
+def test_jobs_of_one_store_run_through_the_queue_back_to_back(fake_local_gpus, tmp_path, job_guard):
+    """Three 2-node jobs that each take both GPUs, submitted at once into one store: they run one after another
+    (never two at once: the agents' own start and exit records), all COMPLETED, and each starts as soon as the one
+    before it ended (the store's wake-up, not the QUEUE_POLL_S look: bench/bench_queue.py measures 20)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import bench_queue
+    fake_local_gpus(2)
+    env = {**os.environ, **OFFLINE_ENV, "ORCHESTRATE_LEASE_DIR": str(tmp_path / "leases"),
+           "ORCHESTRATE_HOME": str(tmp_path / "h")}
+    job_guard.home(tmp_path / "h")
+    job = bench_queue.job_yaml(tmp_path / "job.yaml", 6)
+    procs = []
+    for _ in range(3):
+        procs.append(_spawn(job_guard, job, env))
+        time.sleep(0.05)
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(o[-1500:] for o in outs)
+    gaps = bench_queue.gaps(tmp_path / "h")
+    assert len(gaps) == 2 and min(gaps) > 0, gaps  # one at a time
+    assert max(gaps) < 2.0, gaps  # QUEUE_POLL_S (3 s) plus a try would be 3-5 s
+    print(f"idle gaps between the queued jobs: {gaps} s")
