@@ -210,12 +210,15 @@ def test_cli_refuses_bad_run_blocks_with_exit_2_and_one_line(tmp_path, cli_env, 
 
 
 def test_contract_doc_own_code_block_is_a_valid_job(tmp_path):
-    """docs/CONTRACT.md's `run:` schema block parses as a job (its script made to exist)."""
+    """docs/CONTRACT.md's `run:` schema block (the defaults) parses as a job once its example script and args, given
+    in its comments, are filled in."""
     text = (REPO / "docs" / "CONTRACT.md").read_text().split("## Own-code job YAML", 1)[1]
     block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert "e.g. train.py" in block and 'e.g. [--learning_rate, "2e-5"]' in block
     (tmp_path / "train.py").write_text("")
-    spec = parse_job(yaml.safe_load(block.replace("script: train.py", f"script: {tmp_path / 'train.py'}")),
-                     source="doc.yaml", trainer_fields=lambda key: KINDS, trl_commands=lambda: TABLE)
+    data = yaml.safe_load(block)
+    data["run"].update(script=str(tmp_path / "train.py"), args=["--learning_rate", "2e-5"])
+    spec = parse_job(data, source="doc.yaml", trainer_fields=lambda key: KINDS, trl_commands=lambda: TABLE)
     assert isinstance(spec, RunJobSpec) and spec.run.kind == "script"
     assert spec.run.argv() == ("--learning_rate", "2e-5") and spec.health.stall_timeout == 300
 
