@@ -199,6 +199,11 @@ def test_sigkill_rank_or_agent_tears_everything_down(testbed, trivial_job, what,
     assert "SIGKILL" in res.root_cause, res.root_cause
     if what == "agent":  # the agent itself is named, not a bare wait status
         assert "node agent was killed by SIGKILL" in res.root_cause, res.root_cause
+    # an honest code: a signal death is 128 + N (137 = SIGKILL) for the job and the node, never `exit 9`; the node
+    # table agrees with the cause: node 1 failed, node 0 was stopped by the teardown (whatever it exited with)
+    assert res.returncode == 137, res
+    ends = {n.node_rank: (n.end, n.returncode) for n in res.nodes}
+    assert ends[1] == ("failed", 137) and ends[0][0] == "stopped", ends
     assert gone < 5
 
 

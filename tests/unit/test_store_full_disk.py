@@ -145,9 +145,27 @@ def test_cli_submit_on_a_full_disk_is_one_line(small_fs):
     r = cli("submit", REPO / "recipes/configs/sft_tiny.yaml", "trainer.max_steps=1",
             env={"ORCHESTRATE_HOME": str(home)}, timeout=300)
     lines = r.stderr.strip().splitlines()
-    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]  # refused, as bad input is
     assert len(lines) == 1 and lines[0].startswith("orchestrate: error: ") and "no space left on device" in lines[0], \
         r.stderr[-3000:]
+    left = [str(p) for d in ("runs", "supervisors") for p in (home / d).iterdir()] if (home / "runs").is_dir() else []
+    assert not left, f"a refused submit left {left}"  # no half-written run dir, no pid file
+
+
+def test_cli_submit_refused_while_writing_its_run_dir_leaves_nothing(small_fs):
+    """Room for the store and the supervisor's pid file but not for the run dir's files: the run dir already begun
+    is removed again, the refusal is one line, exit 2, and the store has no record of a job that never was."""
+    home = small_fs / "home"
+    JobStore(home / "jobs.db")
+    filler = fill(small_fs)
+    os.truncate(filler, max(0, filler.stat().st_size - 6 * 4096))  # a few pages: a pid file, not a run dir's files
+    r = cli("submit", REPO / "recipes/configs/sft_tiny.yaml", "trainer.max_steps=1",
+            env={"ORCHESTRATE_HOME": str(home)}, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("orchestrate: error: "), r.stderr[-3000:]
+    assert not list((home / "runs").iterdir()) and not list((home / "supervisors").iterdir())
+    assert JobStore(home / "jobs.db").list() == []
 
 
 def test_node_log_on_a_full_disk_keeps_streaming(small_fs):
