@@ -23,7 +23,7 @@ from typing import Iterator, Protocol
 from orchestrator.core.jobplan import LaunchPlan
 from orchestrator.errors import Problem
 from orchestrator.events import Running
-from orchestrator.node.rundir import RunDir
+from orchestrator.node.rundir import RunDir, parse_exit
 from orchestrator.types import JobHandle, JobState, JobStatus, NodeStatus, Submission
 
 
@@ -57,14 +57,15 @@ def status_from_nodes(rows: list[dict], unreachable: dict[int, str] | None = Non
     nodes = [NodeStatus(r, "", "unknown", None, why) for r, why in sorted((unreachable or {}).items())]
     for row in rows:
         ex, r, host = row.get("exit"), int(row["node_rank"]), row.get("host") or ""
-        if ex:
-            nodes.append(NodeStatus(r, host, "exited", ex.get("returncode"),
-                                    ex.get("rank_death") or ex.get("hang") or ex.get("stop_reason") or ""))
+        rec = parse_exit(ex)
+        if rec is not None:
+            nodes.append(NodeStatus(r, host, "exited", rec.returncode, rec.note(), rec.end()))
         elif row.get("agent_alive"):
             nodes.append(NodeStatus(r, host, "running"))
         else:
             why = "agent gone without an exit record" if row.get("recorded") else "no agent recorded"
-            nodes.append(NodeStatus(r, host, "lost" if row.get("recorded") else "unknown", None, why))
+            nodes.append(NodeStatus(r, host, "lost" if row.get("recorded") else "unknown", None, why,
+                                    "lost" if row.get("recorded") else ""))
     nodes.sort(key=lambda n: n.node_rank)
     if not nodes or any(n.state in ("running", "unknown") for n in nodes):
         return JobStatus(JobState.RUNNING, tuple(nodes), "" if nodes else "no node recorded yet")

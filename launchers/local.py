@@ -24,7 +24,7 @@ from launchers.base import container_problems, record_container, run_dir_logs, s
 from orchestrator.node.agent import agent_argv
 from orchestrator.node.heartbeat import parse_forwarded
 from orchestrator.node.proctools import marked, signal_group, signal_pids
-from orchestrator.node.rundir import RunDir
+from orchestrator.node.rundir import EXIT_MARK, RunDir, parse_exit_line
 from orchestrator.events import Beat, Line, NodeEnded, drain, split_lines
 from orchestrator.types import JobHandle, JobStatus, NodeCommand, Submission
 
@@ -127,6 +127,7 @@ class LocalJob:
         assert proc.stdout is not None
         log = _LogFile(self.rd.log(rank), lambda msg: self.q.put(Line(rank, msg)))
         pending = b""
+        printed = None  # the exit record the agent printed because it could not write it (a full disk)
         for chunk in iter(lambda: proc.stdout.read1(65536), b""):
             pending += chunk
             lines, pending = split_lines(pending)
@@ -134,6 +135,9 @@ class LocalJob:
                 hb = parse_forwarded(line)
                 if hb is not None:
                     self.q.put(Beat(hb))
+                    continue
+                printed = parse_exit_line(line) or printed
+                if printed is not None and line.startswith(EXIT_MARK):
                     continue
                 log.write(line)
                 self.q.put(Line(rank, line))
@@ -143,8 +147,9 @@ class LocalJob:
         log.close()
         proc.stdout.close()
         rc = proc.wait()
-        rec = self.rd.exit(rank)
-        self.q.put(NodeEnded(rank, self.nodes[rank], rec.returncode if rec else rc, self.rd.log_tail(rank), rec,
+        rec = self.rd.exit(rank) or printed
+        code = 128 - rc if rc < 0 else rc  # a signal, in the shell's convention (137 = SIGKILL), as on every backend
+        self.q.put(NodeEnded(rank, self.nodes[rank], rec.returncode if rec else code, self.rd.log_tail(rank), rec,
                              "" if rec or rc == 0 else _no_record(rc)))
 
     def events(self, timeout: float) -> list:

@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 from orchestrator.errors import ConfigError, LeasesBusy, OrchestratorError, PreflightError, Problem, SubmitCancelled
 from launchers import launcher_for
-from orchestrator.node.rundir import AttemptRecord, RunDir
+from orchestrator.node.rundir import AttemptRecord, RunDir, write_error
 from orchestrator.supervise import RestartPolicy, Supervisor
-from orchestrator.types import JobHandle, JobResult, JobState, JobStatus, is_terminal
+from orchestrator.types import JobHandle, JobResult, JobState, JobStatus, NodeExit, exit_signal, exit_text, is_terminal
 from orchestrator.core.jobplan import LaunchPlan, needed_packages
 from orchestrator.core.plan import PlanFacts, apply_plan_defaults, make_plan
 from orchestrator.core.render import render_files
@@ -562,14 +562,23 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
     once (the job recorded CANCELLED, nothing started)."""
     from orchestrator.core.spec import cluster_to_dict
     from orchestrator.store import JobStore, digest
+    from orchestrator.store import StoreError
     plan = prepared.plan
     rd = RunDir(plan.run_dir)
-    write_files(dict(prepared.files, **{RunDir.CLUSTER: json.dumps(cluster_to_dict(prepared.cluster), indent=2,
-                                                                   sort_keys=True) + "\n"}), rd.root)
-    store = JobStore()
-    store.create(job_id=plan.job_id, recipe=prepared.recipe.source, recipe_digest=digest(prepared.files["recipe.yaml"]),
-                 cluster=prepared.cluster.name, backend=prepared.cluster.kind, nodes=plan.nodes,
-                 world_size=plan.world_size, run_dir=str(rd.root))
+    fresh = not rd.root.exists()
+    try:
+        write_files(dict(prepared.files, **{RunDir.CLUSTER: json.dumps(cluster_to_dict(prepared.cluster), indent=2,
+                                                                       sort_keys=True) + "\n"}), rd.root)
+        store = JobStore()
+        store.create(job_id=plan.job_id, recipe=prepared.recipe.source,
+                     recipe_digest=digest(prepared.files["recipe.yaml"]), cluster=prepared.cluster.name,
+                     backend=prepared.cluster.kind, nodes=plan.nodes, world_size=plan.world_size, run_dir=str(rd.root))
+    except (OSError, StoreError) as e:  # (a full disk, a read-only home): refused, and no half-written run dir left
+        if fresh:
+            import shutil
+            shutil.rmtree(rd.root, ignore_errors=True)
+        why = e.one_line() if isinstance(e, StoreError) else f"cannot write the run dir: {write_error(e)}"
+        raise PreflightError(Problem("", f"job {plan.job_id} not submitted: {why}")) from None
     sup = supervisor or Supervisor(plan)
     sup.on_line, sup.on_beat = on_line or sup.on_line, on_beat or sup.on_beat
     notifier = _notifier(prepared, rd, sup, on_event)
@@ -660,8 +669,7 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
     if result.state == JobState.RUNNING:  # detached: no end to record yet
         store.update(plan.job_id, JobState.RUNNING, detail=result.root_cause or None, restarts=restarts)
     else:
-        store.update(plan.job_id, result.state, detail=result.root_cause or None, exit_code=result.returncode,
-                     root_cause=result.root_cause or None, restarts=restarts)
+        record_end(store, rd, plan.job_id, result, restarts, on_event)
     result = dataclasses.replace(result, restarts=restarts)
     if notifier is not None:  # after the store has the end: a hook that asks `orchestrate status` sees it
         if result.state != JobState.RUNNING:
@@ -671,6 +679,42 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
 
 
 QUEUE_POLL_S = 3.0  # a QUEUED job looks again this often (docs/CONTRACT.md "Leases")
+END_RETRY_S = 60.0  # a full job store: the supervising process keeps trying to record the end this long
+
+
+def outcome_record(result: JobResult, by: str) -> dict[str, Any]:
+    """RUN_DIR/outcome.json of an ended attempt (RunDir docstring): the state, the exit code (128 + N: signal N, named
+    in "signal"), the cause and each node's end as judged."""
+    return {"state": str(result.state), "exit_code": result.returncode,
+            "signal": exit_signal(result.returncode) if result.state == JobState.FAILED else None,
+            "root_cause": result.root_cause, "by": by, "t": time.time(), "nodes": [n.to_dict() for n in result.nodes]}
+
+
+def record_end(store, rd: RunDir, job: str, result: JobResult, restarts: int, on_event=None) -> None:
+    """Record how the job ended: RUN_DIR/outcome.json (each node's end), then the store. A full disk never turns the
+    end into something else: the store is retried for END_RETRY_S (said once), and when it still cannot take it the
+    StoreFullError says the real end; `status` records it later from outcome.json (or the agents' exit records)."""
+    from orchestrator.store import StoreFullError
+    unwritten = rd.write_outcome(outcome_record(result, "supervisor"))
+    fields = dict(detail=result.root_cause or None, exit_code=result.returncode, root_cause=result.root_cause or None,
+                  restarts=restarts)
+    try:
+        store.update(job, result.state, **fields)
+        return
+    except StoreFullError as e:
+        said = (f"job {job} ended {result.state} (exit {result.returncode}) but the job store cannot record it: "
+                f"{e.one_line()}; trying again for {END_RETRY_S:.0f} s")
+        if on_event:
+            on_event("note", {"job_id": job, "line": said})
+        else:
+            print(f"orchestrate: {said}", file=sys.stderr, flush=True)
+    try:
+        store.update(job, result.state, retry_s=END_RETRY_S, **fields)
+    except StoreFullError as e:
+        later = ("`orchestrate status` records it from the run dir once there is space" if unwritten is None else
+                 f"its outcome could not be written either ({unwritten})")
+        raise StoreFullError(f"job {job} ended {result.state} (exit {result.returncode}) but the job store could not "
+                             f"record it: {e.one_line()}; {later}", e.path) from None
 
 
 def submitter() -> str:
@@ -791,6 +835,7 @@ def _run_once(prepared: Prepared, launcher, sup: Supervisor, store, rd: RunDir, 
     for r in range(plan.nodes):  # an earlier attempt's records must not speak for this one
         for path in (rd.exit_file(r), rd.agent_file(r)):
             path.unlink(missing_ok=True)
+    rd.path(RunDir.OUTCOME).unlink(missing_ok=True)
     submission = launcher.prepare(replace(plan, submitter=submitter()))  # (the lease files name who submitted it)
     if on_event and attempt == 0 and not rd.path(RunDir.QUEUE).exists():  # (said once, not on each look again)
         on_event("submitting", {"job_id": plan.job_id, "run_dir": str(rd.root)})
@@ -848,6 +893,13 @@ def reconcile(rec):
         why = "the submitter waiting for leased hosts is gone; nothing was started"
         JobStore().update(rec.id, JobState.CANCELLED, detail=why, root_cause=why, exit_code=130, final=True)
         return JobStore().get(rec.id), None
+    rd = RunDir(rec.run_dir)
+    done = rd.outcome()  # the supervisor judged the end but could not record it in the store (a full disk)
+    if done.get("state") in ("COMPLETED", "FAILED", "CANCELLED"):
+        JobStore().update(rec.id, done["state"], detail=done.get("root_cause") or None,
+                          root_cause=done.get("root_cause") or None, exit_code=done.get("exit_code"),
+                          restarts=restart_count(rd), final=True)
+        return JobStore().get(rec.id), None
     try:
         launcher, handle, rd = _backend(rec)
         st = launcher.status(handle, rd)
@@ -862,14 +914,20 @@ def reconcile(rec):
         why = st.reason
         if st.state == JobState.FAILED and rec.backend != "slurm":
             why = "the supervising process is gone and no node of the job is running"
-            bad = next((n for n in st.nodes if n.returncode not in (0, None) or n.state == "lost"), None)
+            bad = next((n for n in st.nodes if n.end == "failed"), None) or \
+                next((n for n in st.nodes if n.returncode not in (0, None) or n.state == "lost"), None)
             if bad is not None:
-                why += (f"; node {bad.node_rank} ({bad.host}) " + (f"exited {bad.returncode}" if bad.returncode
-                        is not None else bad.state) + (f": {bad.reason}" if bad.reason else ""))
+                how = bad.end or bad.state
+                why += (f"; node {bad.node_rank} ({bad.host}) {how}" + (f" (exit {exit_text(bad.returncode)})"
+                        if bad.returncode is not None else "") + (f": {bad.reason}" if bad.reason else ""))
+        code = 0 if st.state == JobState.COMPLETED else 1
         JobStore().update(rec.id, st.state, detail=why or None, root_cause=why or None,
-                          restarts=restart_count(RunDir(rec.run_dir)),
-                          exit_code=0 if st.state == JobState.COMPLETED else 1, final=True)
+                          restarts=restart_count(RunDir(rec.run_dir)), exit_code=code, final=True)
         rec = JobStore().get(rec.id)
+        # what the hosts said of each node, kept: a later `status` (the record now ended) shows the same table
+        nodes = [NodeExit(n.node_rank, n.host, n.returncode, end=n.end or ("lost" if n.state == "lost" else ""),
+                          note=n.reason) for n in st.nodes]
+        rd.write_outcome(outcome_record(JobResult(st.state, code, why or "", tuple(nodes)), "status"))
     return rec, st
 
 

@@ -43,7 +43,12 @@ def record_self(job: str) -> None:
     d = home() / "supervisors"
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     from orchestrator.node.proctools import process_start_time
-    (d / f"{job}.pid").write_text(f"{os.getpid()} {process_start_time() or 0:.3f}\n")  # pid and when it started
+    path = d / f"{job}.pid"
+    try:
+        path.write_text(f"{os.getpid()} {process_start_time() or 0:.3f}\n")  # pid and when it started
+    except OSError:
+        path.unlink(missing_ok=True)  # (a full disk: no empty pid file left behind)
+        raise
 
 
 def forget_self(job: str) -> None:

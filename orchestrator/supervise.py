@@ -139,15 +139,41 @@ def culprit_of(end: NodeEnded) -> str:
     return "health" if GPU_REFUSAL in (end.tail or "") else "crash"
 
 
+def node_end(e: NodeEnded, torn_down_at: float | None, root: NodeEnded | None, hang_node: int | None
+             ) -> tuple[str, str]:
+    """(end, note) of one node for the record (types.NODE_ENDS): what happened to IT, in agreement with the cause."""
+    rec = e.record
+    if e is root:
+        return "failed", (rec.rank_death if rec and rec.rank_death else e.lost or "")
+    if rec is None and e.lost and e.returncode is None:
+        return "lost", e.lost
+    if rec is not None and rec.hang:
+        return "hung", rec.hang
+    if rec is not None and rec.stop_reason and torn_down_at is not None and \
+            (stopped_by_us(e, torn_down_at) or not failed(e)):
+        return ("hung" if e.node == hang_node else "stopped"), rec.stop_reason
+    if failed(e):
+        return "failed", (rec.rank_death if rec and rec.rank_death else e.lost or "")
+    if rec is not None and rec.preempted:
+        return "preempted", rec.note()
+    return "done", rec.note() if rec is not None else ""
+
+
 def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str | None, cancel: str | None,
           scheduler: SchedulerEnd | None = None, max_step: int | None = None, hang_host: str = "",
-          straggler: str | None = None, straggler_host: str = "") -> JobResult:
+          straggler: str | None = None, straggler_host: str = "", hang_node: int | None = None) -> JobResult:
     """The outcome of one attempt. Pure: what ended how, when we began tearing down, and why; for a failure, the host
-    it is attributable to (`hang_host`: the hung rank's, named by the caller), which the restart policy may exclude."""
-    nodes = tuple(NodeExit(node_rank=e.node, host=e.host,
-                           returncode=e.record.returncode if e.record else e.returncode,
-                           signal=e.record.signal if e.record else None, log_tail=e.tail)
-                  for e in sorted(ends.values(), key=lambda e: e.node))
+    it is attributable to (`hang_host`: the hung rank's, named by the caller), which the restart policy may exclude.
+    Each node's end (`node_end`) agrees with the cause: the root cause's node failed, the ones torn down stopped."""
+    def nodes_of(root: NodeEnded | None = None, hung_on: int | None = None) -> tuple[NodeExit, ...]:
+        out = []
+        for e in sorted(ends.values(), key=lambda e: e.node):
+            code = e.record.returncode if e.record else e.returncode
+            end, note = node_end(e, torn_down_at, root, hung_on)
+            out.append(NodeExit(node_rank=e.node, host=e.host, returncode=code,
+                                signal=e.record.signal if e.record else None, log_tail=e.tail, end=end, note=note))
+        return tuple(out)
+    nodes = nodes_of()
     if cancel:
         return JobResult(JobState.CANCELLED, 130, cancel, nodes, max_step)
     node_hangs = sorted((e.record.hang for e in ends.values() if e.record and e.record.hang),
@@ -157,7 +183,8 @@ def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str |
         hang_host = next((e.host for e in ends.values() if e.record and e.record.hang == hang and
                           "is stopped" in hang), "")
     if hang:
-        return JobResult(JobState.FAILED, 124, hang, nodes, max_step, hung=True, culprit_host=hang_host,
+        return JobResult(JobState.FAILED, 124, hang, nodes_of(hung_on=hang_node), max_step, hung=True,
+                         culprit_host=hang_host,
                          culprit_kind="hang" if hang_host else "")
     if straggler:  # stopped by us to take the straggler's host out (health.straggler.action: restart_without)
         return JobResult(JobState.FAILED, 1, straggler, nodes, max_step, culprit_host=straggler_host,
@@ -181,7 +208,7 @@ def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str |
         text = f"{scheduler.reason}; {text}"
     code = (root.record.returncode if root.record else root.returncode) or 1
     host = root.host if root.host not in ("", "?") else ""  # ("?": a backend that could not tell; nothing to exclude)
-    return JobResult(JobState.FAILED, code if code > 0 else 1, text, nodes, max_step, culprit_host=host,
+    return JobResult(JobState.FAILED, code if code > 0 else 1, text, nodes_of(root), max_step, culprit_host=host,
                      culprit_kind=culprit_of(root) if host else "")
 
 
@@ -274,6 +301,7 @@ class Supervisor:
         teardown_mono: float | None = None
         hang: str | None = None
         hang_host = ""
+        hang_node: int | None = None
         cancel: str | None = None
         next_check = 0.0
         straggler: str | None = None
@@ -324,6 +352,7 @@ class Supervisor:
                         if stalls:
                             stopped = job.stopped_ranks(self.plan.health.stack_dumps)
                             hang = monitor.culprit(stalls, stopped, now)
+                            hang_node = culprit_rank(stalls, stopped) // max(1, self.plan.procs_per_node)
                             hang_host = self._host_of(job, culprit_rank(stalls, stopped))
                             if self.plan.health.stack_dumps:
                                 hang += "; stacks in RUN_DIR/stacks/" + (" on each host" if len(set(job.nodes.values()))
@@ -353,7 +382,7 @@ class Supervisor:
         stragglers.save(monitor, time.time())
         max_step = max((st.step for st in monitor.snapshot()), default=None)
         return judge(ends, torn_down_at=torn_down_at, hang=hang, cancel=cancel, scheduler=scheduler, max_step=max_step,
-                     hang_host=hang_host, straggler=straggler, straggler_host=straggler_host)
+                     hang_host=hang_host, straggler=straggler, straggler_host=straggler_host, hang_node=hang_node)
 
     def _host_of(self, job: Running, rank: int) -> str:
         """The host of a global rank's node, as the job names it (the cluster file's host, SLURM's node)."""

@@ -6,6 +6,7 @@ to run (`Submission`, `NodeCommand`), where a submitted job lives (`JobHandle`),
 from __future__ import annotations
 
 import enum
+import signal as _signal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,13 +68,46 @@ class JobHandle:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+def exit_signal(code: int | None) -> str | None:
+    """The signal an exit code stands for in the shell's convention (128 + N: 137 = SIGKILL, 143 = SIGTERM; the
+    one representation of a signal death in exit codes, docs/CONTRACT.md "Exit codes"), else None."""
+    if code is None or not 128 < code < 128 + 65:
+        return None
+    try:
+        return _signal.Signals(code - 128).name
+    except ValueError:
+        return None
+
+
+def exit_text(code: int | None) -> str:
+    """An exit code as shown: `3`, `137/SIGKILL`, `-` (none)."""
+    if code is None:
+        return "-"
+    sig = exit_signal(code)
+    return f"{code}/{sig}" if sig else str(code)
+
+
+# How a node's part of an attempt ended, as the one supervisor judged it (RUN_DIR/outcome.json, `status`):
+# done (ended well by itself), failed (a failure of its own: the root cause's node, or one that failed before the
+# teardown), stopped (torn down by the supervisor or cancelled, whatever it exited with while stopping), hung (the
+# node of the rank a hang names), preempted (saved on a preemption signal and stopped), lost (gone, no exit known).
+NODE_ENDS = ("done", "failed", "stopped", "hung", "preempted", "lost")
+
+
 @dataclass(frozen=True)
 class NodeExit:
     node_rank: int
     host: str
-    returncode: int | None  # None: still running or unknown
+    returncode: int | None  # None: still running or unknown; 128 + N: ended by signal N
     signal: int | None = None
     log_tail: str = ""
+    end: str = ""  # one of NODE_ENDS ("" before the supervisor judged it)
+    note: str = ""  # why, in a few words: the rank's death, the stop reason, why it is lost
+
+    def to_dict(self) -> dict[str, Any]:
+        """One node of RUN_DIR/outcome.json."""
+        return {"node": self.node_rank, "host": self.host, "end": self.end, "exit_code": self.returncode,
+                "signal": exit_signal(self.returncode), "note": self.note}
 
 
 @dataclass(frozen=True)
@@ -100,6 +134,7 @@ class NodeStatus:
     state: str
     returncode: int | None = None
     reason: str = ""
+    end: str = ""  # exited nodes: done | failed | stopped (its agent was told to stop), as in NODE_ENDS
 
 
 @dataclass(frozen=True)

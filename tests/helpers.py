@@ -515,3 +515,46 @@ class WebhookServer:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+# ------------------------------------------------------------------------------------------------ a full disk
+
+def small_tmpfs(mnt: Path, size: str):
+    """Generator for a fixture: a tmpfs of `size` mounted at `mnt` (created), unmounted at the end, pass or fail.
+    Needs root: skips without it, except under CI=true, where that is a failure (the suite must not shrink)."""
+    import pytest
+
+    def unavailable(reason: str):
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"full-disk test prerequisite missing under CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+    if os.geteuid() != 0:
+        unavailable("needs root to mount a small tmpfs (a full filesystem for ORCHESTRATE_HOME)")
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        unavailable(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill(mnt: Path) -> Path:
+    """Fill the filesystem to the last byte; returns the filler (unlink it to make room again)."""
+    filler = mnt / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for chunk in (65536, 512):
+            try:
+                while os.write(fd, b"\0" * chunk):
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    st = os.statvfs(mnt)
+    assert st.f_bfree == 0, "the filesystem is not full"
+    return filler

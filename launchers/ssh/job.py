@@ -27,7 +27,7 @@ from typing import Any
 from launchers.ssh.remote import WRAPPER_MARK, describe_exit, teardown_command
 from orchestrator.node.agent import agent_argv
 from orchestrator.node.heartbeat import parse_forwarded
-from orchestrator.node.rundir import AgentRecord, ExitRecord, RunDir, parse_agent, parse_exit
+from orchestrator.node.rundir import AgentRecord, ExitRecord, RunDir, parse_agent, parse_exit, parse_exit_line
 from orchestrator.events import Beat, Line, NodeEnded, drain
 
 logger = logging.getLogger("orchestrate.ssh")
@@ -50,6 +50,7 @@ class Node:
     pending: bytes = b""  # output read past the probe line, not yet processed
     lost: str = ""  # why the node was given up (its host stopped answering)
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    printed_exit: ExitRecord | None = None  # the exit record its agent printed, not having been able to write it
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -259,15 +260,16 @@ def pump(job: SSHJob, node: Node) -> None:
     if node.lost:
         return
     logger.debug("node %d on %s: output closed, exit status %s", node.rank, node.host, rc)
-    recorded = read_exit(job, node)  # the agent's own record beats what the wrapper reports
+    recorded = read_exit(job, node) or node.printed_exit  # the agent's own record beats what the wrapper reports
     node.returncode = recorded.returncode if recorded else rc
     node.exited_at = time.monotonic()
     if recorded is not None or rc == 0:
         lost = ""
     elif rc is None or rc < 0:
         lost = describe_exit(rc)[0]
-    elif 0 < rc < 65:  # no exit record: the agent was killed; `setsid -w` reports the killing signal's number
+    elif 0 < rc < 65:  # no exit record: the agent was killed; `setsid -w` reports the killing signal's number,
         lost = f"the node agent was killed by {_signal_name(rc)} (no exit record)"
+        node.returncode = 128 + rc  # shown in the shell's convention (137 = SIGKILL), never as if it exited 9
     else:
         lost = f"the node agent ended ({describe_exit(rc)[0]}) without an exit record: killed or crashed"
     node.done.set()
@@ -295,6 +297,10 @@ def _line(job: SSHJob, node: Node, raw: bytes, log: Any) -> None:
     hb = parse_forwarded(text)
     if hb is not None:
         job.heartbeat(hb)
+        return
+    printed = parse_exit_line(text)
+    if printed is not None:  # the agent could not write its exit record (a full disk): its printed copy stands in
+        node.printed_exit = printed
         return
     try:
         log.write(raw + b"\n")

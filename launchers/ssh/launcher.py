@@ -27,8 +27,8 @@ from orchestrator.core.leases import busy_error_text, lease_request
 from orchestrator.errors import LaunchError, LeasesBusy, PreflightError, Problem
 from launchers.base import container_problems, record_container, run_dir_logs, status_from_nodes
 from launchers.ssh.job import Node, SSHJob, copy_run_dir, node_at_host, rank_at_host
-from launchers.ssh.remote import (WRAPPER_MARK, agent_shell, await_probe, close_channel,
-                                               teardown_command)
+from launchers.ssh.remote import (WRAPPER_MARK, agent_shell, await_probe, close_channel, teardown_command,
+                                  unstage_command)
 from launchers.ssh.stage import agent_prefix
 from orchestrator.node.agent import MODULE, agent_argv
 from orchestrator.node.rundir import RunDir
@@ -188,6 +188,26 @@ class SSHLauncher:
             record_container(local, sub.extra["container"], checks)
         return pool, results
 
+    def unstage(self, run_dirs: dict[str, str]) -> None:
+        """Remove the job's run dir from each host where staging linked it ({host: remote run dir}; remote.UNSTAGE:
+        its links and empty directories), over fresh connections (the submit's are closed). Best effort: a host that
+        cannot be cleaned is named in a warning (`orchestrate gc` removes it later)."""
+        if not run_dirs:
+            return
+        try:
+            pool = self.pool()
+        except PreflightError as e:
+            logger.warning("could not remove the staged run dir of a job that did not start: %s", e.one_line())
+            return
+        try:
+            done = pool.map(lambda h: pool.connect(h).run(unstage_command(run_dirs[h]), timeout=15), list(run_dirs))
+        finally:
+            pool.close()
+        for host, res in done.items():
+            if isinstance(res, BaseException) or res[0] != 0:
+                why = res if isinstance(res, BaseException) else f"exit {res[0]}"
+                logger.warning("%s: could not remove %s of a job that did not start: %s", host, run_dirs[host], why)
+
     def pool(self):
         from launchers.ssh.transport import Pool
         try:
@@ -197,11 +217,13 @@ class SSHLauncher:
         except ValueError as e:
             raise PreflightError(Problem("ssh.key", str(e))) from None
 
-    def stage(self, sub: Submission, local: RunDir, pool: Any) -> tuple[Submission, dict[str, Any], dict[str, Any]]:
+    def stage(self, sub: Submission, local: RunDir, pool: Any, linked: dict[str, str] | None = None
+              ) -> tuple[Submission, dict[str, Any], dict[str, Any]]:
         """Hosts without a shared filesystem (docs/staging.md): the node package and the job's inputs into each
         host's cache (only what it lacks), the job's links, every host's facts checked first. Returns the
         submission with each host's workdir bound (`~` resolved there), what was staged, and each host's open staging
-        session (the pre-flight turns it into the host's agent)."""
+        session (the pre-flight turns it into the host's agent). `linked` gets {host: remote run dir} once the job's
+        links are made there (what `unstage` removes when the start does not happen)."""
         from launchers.ssh import stage as st
         doc = local.read_json(st.STAGE_FILE)
         if not isinstance(doc, dict):
@@ -236,6 +258,8 @@ class SSHLauncher:
             logger.warning("staging %.1f MB to %d host(s) ...", total / 1e6, len(hosts))
         facts = stager.push(on_progress=lambda done, tot: logger.warning("staging: %.0f of %.0f MB", done / 1e6,
                                                                          tot / 1e6))
+        if linked is not None:
+            linked.update({h: f"{facts[h].workdir.rstrip('/')}/runs/{job}" for h in hosts})
         seeded = self._seed(stager, pool, hosts, facts, layout.output_key, local)
         nodes = []
         for n in sub.nodes:
@@ -286,15 +310,17 @@ class SSHLauncher:
         t0 = time.time()
         pool, staged, sessions = self.pool(), None, None
         pool.cancel = cancel
+        linked: dict[str, str] = {}  # hosts where staging linked the job's files into its run dir
         try:
             if sub.extra.get("package") and not sub.extra["shared_fs"]:
-                sub, staged, sessions = self.stage(sub, local, pool)
+                sub, staged, sessions = self.stage(sub, local, pool, linked)
             # (every map of the pool checks `cancel` as it begins and ends, and while it waits)
             pool, probes = self.preflight(sub, local, pool, sessions)
         except BaseException:
             for session in list((sessions or {}).values()):  # a cancelled map's threads may still pop from it
                 session.close()
             pool.close()
+            self.unstage(linked)  # nothing of a job that did not start is left on a host
             raise
         timeline = {"submitted": t0, "preflight_done": time.time()}  # connect + agents probing every host
         shared = sub.extra["shared_fs"]

@@ -118,6 +118,25 @@ if alive; then echo "left"; else echo "gone"; fi
 """
 
 
+# Runs as `sh -c UNSTAGE unstage RUN_DIR`: a start that did not happen (a refused pre-flight, a cancel) leaves no run
+# dir on a host where staging already linked the job's files: its links (staged/<label>, output) and then its
+# directories go, only while empty (a run dir holding anything else, an earlier attempt's records, keeps it).
+# The staged files stay in the host's cache (content-addressed, reused by the next submit; `orchestrate gc`).
+UNSTAGE = r"""
+run=$1
+case $run in "~"/*) run="$HOME/${run#\~/}";; esac
+[ -d "$run" ] || exit 0
+find "$run" -type l -delete 2>/dev/null
+find "$run" -depth -type d -empty -delete 2>/dev/null
+[ -e "$run" ] && echo kept || echo gone
+"""
+
+
+def unstage_command(run_dir: str) -> str:
+    from launchers.ssh.transport import remote_command
+    return remote_command(["sh", "-c", UNSTAGE, "unstage", run_dir])
+
+
 def teardown_command(wrapper_pid: int | None, pgids: list[int], grace_s: float, python: str | None = None,
                      run_dir: str | None = None, rank: int | None = None, prefix: tuple[str, ...] = ()) -> str:
     """Kill the recorded groups; then (with python/run_dir) the agent's `--kill` reaps every process that

@@ -218,7 +218,7 @@ def cmd_submit(args) -> int:
         elif kind == "restart":
             say(f"job {data['job_id']}: restart {data['restart']}/{data['max_restarts']} from the latest "
                 f"checkpoint (furthest step {data['step']}): {data['reason']}")
-        elif kind == "notify":  # a notification that could not be delivered (the job goes on as it is)
+        elif kind in ("notify", "note"):  # a notification not delivered; an end the store cannot take yet
             try:
                 print(f"orchestrate: job {data['job_id']}: {data['line']}", file=sys.stderr, flush=True)
             except OSError:
@@ -519,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         what = "no space left on device" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
         print(f"orchestrate: error: {e.filename or 'a file'}: {what}", file=sys.stderr)
-        return 1
+        return 2 if args.command in ("submit", "render") else 1  # (refused before anything started, as bad input is)
 
 
 if __name__ == "__main__":

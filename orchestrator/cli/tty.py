@@ -13,8 +13,9 @@ import sys
 import time
 from typing import Any
 
-from orchestrator.cli.views import (fmt_age, fmt_loss, fmt_step, jobs_text, notable_ranks, queue_text, resumed_text,
-                                    sparkline, state_label, status_text)
+from orchestrator.cli.views import (fmt_age, fmt_loss, fmt_step, job_exit_text, jobs_text, notable_ranks, queue_text,
+                                    resumed_text, sparkline, state_label, status_text)
+from orchestrator.types import exit_text
 
 COLOR_MODES = ("auto", "always", "never")
 
@@ -23,7 +24,7 @@ STATE_STYLE = {"COMPLETED": "green", "RUNNING": "yellow", "RESTARTING": "yellow"
                "OUT_OF_MEMORY": "red", "PREEMPTED": "yellow",
                # a rank's state (views.rank_rows)
                "training": "yellow", "starting": "cyan", "saving": "cyan", "waiting": "dim", "done": "green",
-               "preempted": "yellow", "stopped": "magenta", "failed": "bold red"}
+               "preempted": "yellow", "stopped": "magenta", "failed": "bold red", "hung": "bold red", "lost": "red"}
 
 CAUSE_WIDTH = 60
 
@@ -95,7 +96,7 @@ def status_header(st: dict[str, Any]):
     grid.add_column()
     state = state_text(st["state"])
     if st["exit_code"] is not None:
-        state.append(f"  (exit {st['exit_code']})")
+        state.append(f"  (exit {job_exit_text(st)})")
     rows = [("job", st["job"]), ("state", state), ("backend", f"{st['backend']}  {st['handle'] or ''}".rstrip()),
             ("cluster", st["cluster"]), ("run dir", st["run_dir"]), ("restarts", str(st["restarts"])),
             ("scheduler", st.get("scheduler")), ("queue", queue_text(st)),
@@ -122,7 +123,7 @@ def ranks_table(st: dict[str, Any]):
         last_of_node = grouped and (i + 1 == len(rows) or rows[i + 1]["node"] != r["node"])
         table.add_row("-" if r["node"] is None else str(r["node"]), r["host"], str(r["rank"]), state_text(r["state"]),
                       "-" if r["step"] is None else fmt_step(r), fmt_loss(r["loss"]), fmt_age(r["heartbeat_age_s"]),
-                      "-" if r["exit_code"] is None else str(r["exit_code"]), end_section=last_of_node)
+                      exit_text(r["exit_code"]), end_section=last_of_node)
     return table
 
 

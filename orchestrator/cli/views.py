@@ -15,7 +15,8 @@ from typing import Any
 
 from orchestrator.core.health import HealthMonitor, HealthSpec
 from orchestrator.node.heartbeat import read_tails
-from orchestrator.types import is_terminal
+from orchestrator.node.rundir import parse_exit
+from orchestrator.types import exit_signal, exit_text, is_terminal
 
 SPARKS = "▁▂▃▄▅▆▇█"
 
@@ -53,15 +54,24 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
     data = _read_json(run_dir / "handle.json").get("data")
     listed = data.get("nodes") if isinstance(data, dict) else None  # (SSH: one entry per node; SLURM: a count)
     handle_nodes = {n.get("rank"): n for n in (listed if isinstance(listed, list) else []) if isinstance(n, dict)}
+    outcome = _read_json(run_dir / "outcome.json") if is_terminal(record["state"]) else {}
+    judged = {n.get("node"): n for n in outcome.get("nodes") or [] if isinstance(n, dict)}
     nodes = []
     for node in plan.get("node_plans") or []:
         r = node["node_rank"]
         agent = _read_json(run_dir / "nodes" / str(r) / "agent.json")
         exit_ = _read_json(run_dir / "nodes" / str(r) / "exit.json")
+        # how it ended: as the supervisor judged it (outcome.json: in agreement with the cause), else by its agent's
+        # own record, else not known here ("")
+        rec = parse_exit(exit_)
+        end, code, note = (rec.end(), rec.returncode, rec.note()) if rec else ("", None, "")
+        if r in judged:
+            end, code, note = judged[r].get("end") or end, judged[r].get("exit_code"), judged[r].get("note") or ""
         # the host as the job names it (the cluster file's; the machine's own name only where the plan had none,
         # as on SLURM before the allocation)
         nodes.append({"node": r, "host": node.get("host") or agent.get("host") or "", "ranks": node["ranks"],
-                      "exit_code": exit_.get("returncode"), "stop_reason": exit_.get("stop_reason") or None,
+                      "end": end or None, "exit_code": code, "signal": exit_signal(code), "note": note or None,
+                      "stop_reason": exit_.get("stop_reason") or None,
                       "outputs": (handle_nodes.get(r) or {}).get("outputs")})  # host:path where not shared
     evidence = monitor.evidence()
     named = [s for s in (_read_json(run_dir / "stragglers.json").get("named") or []) if isinstance(s, dict)]
@@ -77,7 +87,9 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
                       "straggler": slow.get(st.rank)})
     return {"job": record["id"], "state": record["state"], "backend": record["backend"], "handle": record["handle"],
             "cluster": record["cluster"], "nodes": nodes, "ranks": ranks, "restarts": record.get("restarts") or 0,
-            "exit_code": record.get("exit_code"), "root_cause": record.get("root_cause"), "run_dir": record["run_dir"],
+            "exit_code": record.get("exit_code"),
+            "exit_signal": exit_signal(record.get("exit_code")) if record["state"] == "FAILED" else None,
+            "root_cause": record.get("root_cause"), "run_dir": record["run_dir"],
             "created": record["created"], "updated": record["updated"], "fetched": _fetched(run_dir),
             "container": _container(run_dir, plan), "excluded": _excluded(run_dir), "stragglers": named,
             "attempts": _attempts(run_dir), "resumed_from": _resumed_from(run_dir), "queue": _queue(run_dir, record)}
@@ -168,10 +180,11 @@ def _rank_state(node: dict[str, Any] | None, hb: dict[str, Any] | None, job_stat
     """What a rank is doing: its node's recorded exit first (stopped = torn down by the agent), else its last
     heartbeat; a rank of an ended job that left neither is `stopped`, one with no heartbeat yet `waiting`."""
     event = hb["event"] if hb else ""
-    code = node["exit_code"] if node else None
-    if code is not None:
-        return ("preempted" if event == "preempted" else "done") if code == 0 else \
-            "stopped" if node["stop_reason"] else "failed"
+    end = node.get("end") if node else None
+    if end in ("failed", "stopped", "hung", "lost"):
+        return end
+    if end in ("done", "preempted"):
+        return "preempted" if event == "preempted" or end == "preempted" else "done"
     if event in ("end", "preempted") or (hb is not None and not is_terminal(job_state)):
         return EVENT_STATE.get(event, event or "running")
     return "stopped" if is_terminal(job_state) else "waiting"
@@ -225,18 +238,19 @@ def notable_ranks(st: dict[str, Any], rows: list[dict[str, Any]] | None = None
 
 
 def notable_nodes(st: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
-    """The node rows `status` shows: all up to SHOWN; of more, the ones that did not exit 0 (or were stopped), and a
-    count per exit code."""
+    """The node rows `status` shows: all up to SHOWN; of more, the ones that did not end done or exit 0 (failed,
+    stopped, hung, lost, ...), and a count per end."""
     nodes = st["nodes"]
     if len(nodes) <= SHOWN:
         return nodes, None
     counts: dict[str, int] = {}
     for n in nodes:
-        key = "running" if n["exit_code"] is None else f"exit {n['exit_code']}"
+        key = n.get("end") or ("running" if n["exit_code"] is None else f"exit {exit_text(n['exit_code'])}")
         counts[key] = counts.get(key, 0) + 1
-    shown = [n for n in nodes if n["exit_code"] not in (None, 0) or n["stop_reason"]][:SHOWN]
+    shown = [n for n in nodes if (n.get("end") or "done") != "done" or n["exit_code"] not in (None, 0)
+             or n["stop_reason"]][:SHOWN]
     return shown, (f"{len(nodes)} nodes: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) +
-                   f"; {len(shown)} shown (the ones that did not exit 0; every node: status --json)")
+                   f"; {len(shown)} shown (the ones that did not end done; every node: status --json)")
 
 
 def fmt_loss(v: float | None) -> str:
@@ -256,7 +270,7 @@ def fmt_age(s: float | None) -> str:
 
 
 def status_text(st: dict[str, Any]) -> str:
-    lines = [f"job      {st['job']}", f"state    {st['state']}" + (f"  (exit {st['exit_code']})"
+    lines = [f"job      {st['job']}", f"state    {st['state']}" + (f"  (exit {job_exit_text(st)})"
                                                                      if st["exit_code"] is not None else ""),
              f"backend  {st['backend']}  {st['handle'] or ''}".rstrip(), f"cluster  {st['cluster']}",
              f"restarts {st['restarts']}", f"run dir  {st['run_dir']}"]
@@ -285,11 +299,11 @@ def status_text(st: dict[str, Any]) -> str:
     if node_summary:
         lines.append(f"nodes    {node_summary}")
     if nodes:
-        lines.append(f"{'NODE':<5} {'HOST':<20} {'RANKS':<9} {'EXIT':<5} NOTE")
+        lines.append(f"{'NODE':<5} {'HOST':<20} {'RANKS':<9} {'END':<9} {'EXIT':<11} NOTE")
     for n in nodes:
         ranks = f"{n['ranks'][0]}-{n['ranks'][-1]}" if n["ranks"] else "-"
-        code = "-" if n["exit_code"] is None else str(n["exit_code"])
-        lines.append(f"{n['node']:<5} {n['host'][:20]:<20} {ranks:<9} {code:<5} {n['stop_reason'] or ''}".rstrip())
+        lines.append(f"{n['node']:<5} {n['host'][:20]:<20} {ranks:<9} {n.get('end') or '-':<9} "
+                     f"{exit_text(n['exit_code']):<11} {n.get('note') or ''}".rstrip())
     outs = [n for n in st["nodes"] if n.get("outputs")]
     if outs or st.get("fetched"):
         lines.append("")
@@ -312,6 +326,12 @@ def status_text(st: dict[str, Any]) -> str:
             lines.append(f"{r['rank']:<5} {r['host'][:20]:<20} {fmt_step(r):>10} {fmt_loss(r['loss']):>8} "
                          f"{fmt_age(r['heartbeat_age_s']):>6} {fwd:>9}  {sparkline(r['losses'])}".rstrip())
     return "\n".join(lines)
+
+
+def job_exit_text(st: dict[str, Any]) -> str:
+    """The job's exit code as `status` shows it: `3`, `137/SIGKILL` for a FAILED job whose cause was a signal (128 +
+    N, docs/CONTRACT.md "Exit codes"); a CANCELLED job's 130 is just 130."""
+    return exit_text(st["exit_code"]) if st.get("exit_signal") else str(st["exit_code"])
 
 
 def jobs_text(records: list[dict[str, Any]], now: float | None = None) -> str:

@@ -28,7 +28,7 @@ from orchestrator.core.hostlist import first_host
 from orchestrator.core.jobplan import AGENT_ENV, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan
 from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_marked, marked, marked_ranks,
                                          process_start_time, signal_group, signal_pids)
-from orchestrator.node.rundir import AgentRecord, ExitRecord, RunDir
+from orchestrator.node.rundir import EXIT_MARK, AgentRecord, ExitRecord, RunDir, write_error
 
 DEFER_HANG_S = 3.0  # see Agent.monitor
 MODULE = "orchestrator.node"  # `python -m orchestrator.node RUN_DIR ...` runs `main` below
@@ -240,11 +240,22 @@ class Agent:
         """The node cannot run as planned: say why (one `PreflightError:` line, the supervisor's root cause; a lost
         lease race: `LeaseBusy:`, exit 75), record it in exit.json, start nothing. Returns the exit code."""
         os.write(2, f"{kind}: {problem}\n".encode())
-        self.rd.write_exit(self.rank, ExitRecord(returncode=code, time=time.time(), signal=None, launch_returncode=code,
-                                                 stop_reason="", preempted=False, hang=None, rank_death=None,
-                                                 host=socket.gethostname()))
+        self.record_exit(ExitRecord(returncode=code, time=time.time(), signal=None, launch_returncode=code,
+                                    stop_reason="", preempted=False, hang=None, rank_death=None,
+                                    host=socket.gethostname()))
         # (no stop_reason: nobody stopped this node, it failed on its own; the cause is the PreflightError line)
         return code
+
+    def record_exit(self, rec: ExitRecord) -> None:
+        """nodes/<R>/exit.json, in the room kept for it (RunDir.write_exit_reserved). Never raises: a record that
+        cannot be written (a full disk) is said in one line and printed whole on stdout (rundir.EXIT_MARK), where the
+        backend's supervisor reads it, so the node's end stays the real one."""
+        why = self.rd.write_exit_reserved(self.rank, rec)
+        if why:
+            import dataclasses
+            os.write(2, f"orchestrate node agent: exit record could not be written: {why}\n".encode())
+            line = EXIT_MARK + json.dumps(dataclasses.asdict(dataclasses.replace(rec, unwritten=why)), sort_keys=True)
+            os.write(1, ("\n" + line + "\n").encode())
 
     def watch_main_reachable(self) -> None:
         """A node other than the main one: the main node's rendezvous port must answer within
@@ -275,6 +286,7 @@ class Agent:
         self.write_config()
         self.rd.mkdir(RunDir.HEARTBEATS)
         self.rd.mkdir(RunDir.LOGS)
+        self.rd.reserve_exit(self.rank)  # room for the exit record should the disk fill up while the job runs
         for g in self.plan.node(self.rank).ranks:  # an earlier attempt's exit records never speak for this one
             (self.rd.heartbeats / f"rank{g}.exit").unlink(missing_ok=True)
         argv = self.rd.bind(self.plan.node(self.rank).command)
@@ -299,11 +311,14 @@ class Agent:
         # handler (the recipes' save-on-signal) replaces the ignore in the ranks.
         self.proc = subprocess.Popen(argv, env=env, start_new_session=True, cwd=cwd if not container else None,
                                      stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
-        self.rd.write_agent(AgentRecord(
-            node_rank=self.rank, host=socket.gethostname(), agent_pid=os.getpid(), agent_pgid=os.getpgrp(),
-            pid=self.proc.pid, pgid=self.proc.pid, main_ip=self.main_ip, started=time.time(),
-            agent_proc_start=process_start_time(), proc_start=process_start_time(self.proc.pid), token=self.token,
-            container=container, runtime=cp.runtime if cp is not None else ""))
+        try:
+            self.rd.write_agent(AgentRecord(
+                node_rank=self.rank, host=socket.gethostname(), agent_pid=os.getpid(), agent_pgid=os.getpgrp(),
+                pid=self.proc.pid, pgid=self.proc.pid, main_ip=self.main_ip, started=time.time(),
+                agent_proc_start=process_start_time(), proc_start=process_start_time(self.proc.pid), token=self.token,
+                container=container, runtime=cp.runtime if cp is not None else ""))
+        except OSError as e:  # (a full disk) the agent still owns and tears down its launch; `--kill` from outside
+            os.write(2, f"orchestrate node agent: agent record could not be written: {write_error(e)}\n".encode())
         if self.stopping.is_set():  # a signal raced the start
             self.stopping.clear()
             self.stop(self.stop_reason or "stopped during start")
@@ -467,7 +482,7 @@ class Agent:
             code = EXIT_CODE
         elif self.rank_death is not None:
             code = self.rank_death.exit_code
-        self.rd.write_exit(self.rank, ExitRecord(
+        self.record_exit(ExitRecord(
             returncode=0 if preempted else code, time=time.time(), signal=sig, launch_returncode=code,
             stop_reason="" if self.preflight_error else self.stop_reason,  # a failed pre-flight: the node's own
             preempted=preempted, hang=hang or None, rank_death=self.rank_death.describe() if self.rank_death else None,
@@ -609,7 +624,12 @@ def main(argv: list[str] | None = None) -> int:
     problem = agent.node_checks() or agent.gpu_health_check() or agent.container_check()
     if problem:
         return agent.refuse(problem)
-    if not agent.start(secrets):
+    try:
+        started = agent.start(secrets)
+    except OSError as e:  # its run dir cannot be written (a full disk): nothing started, said in one line
+        return agent.refuse(f"node {rank} ({socket.gethostname()}) cannot write its run dir: {write_error(e)}", 1,
+                            "RunDirError")
+    if not started:
         print(f"orchestrate node agent: {agent.stop_reason}; nothing started", file=sys.stderr)
         return 143
     agent.watch_ranks()

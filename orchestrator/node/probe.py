@@ -57,7 +57,7 @@ def probe(workdir: str, port: int = 0, check_file: str = "", *, ifname: str | No
         os.unlink(tmp)
         r["workdir"] = wd
     except OSError as e:
-        r["problems"].append(f"workdir {workdir} not writable ({e.strerror or e})")
+        r["problems"].append(f"ssh.workdir {workdir} cannot be created or written: {e.strerror or e}")
     if port:
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

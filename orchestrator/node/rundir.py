@@ -20,6 +20,10 @@ RUN_DIR/heartbeats/rank<G>.jsonl     per-rank heartbeat records, docs/CONTRACT.m
 RUN_DIR/heartbeats/rank<G>.exit      {"pid", "code"}: how rank G left Python's exit (its start-up hooks; removed
                                      by the node agent before each launch)
 RUN_DIR/stacks/rank<G>.txt           py-spy stacks of a hung job's ranks (node agent / supervisor)
+RUN_DIR/outcome.json                 how the job's last attempt ended, per node, as judged: {"state", "exit_code",
+                                     "signal", "root_cause", "by", "t", "nodes": [{"node", "host", "end",
+                                     "exit_code", "signal", "note"}]} (the supervising process, or the `status`
+                                     that recorded the end of a job nobody supervised)
 ```
 
 Paths in the plan are relative to the run dir (`RUN_DIR_VAR`), bound here (`bind`), so nothing is rewritten
@@ -92,6 +96,20 @@ class ExitRecord:
     hang: str | None = None  # the agent's own hang verdict (SLURM: in-allocation monitor)
     rank_death: str | None = None  # "rank 1 (pid N) died of SIGKILL (exit -9) before finishing"
     host: str = ""  # the host the agent ran on (a node refused before its launch has no agent.json to say so)
+    unwritten: str = ""  # only in the copy an agent printed (EXIT_MARK) because this file could not be written: why
+
+    def end(self) -> str:
+        """How the node ended by its agent's own word (orchestrator.types.NODE_ENDS): hung, stopped (told to stop and
+        no rank of its own died), preempted, done, failed. The supervisor's judgement (outcome.json) refines it."""
+        if self.hang:
+            return "hung"
+        if self.stop_reason and not self.rank_death:
+            return "stopped"
+        return "preempted" if self.preempted else "done" if self.returncode == 0 else "failed"
+
+    def note(self) -> str:
+        return self.rank_death or self.hang or self.stop_reason or (
+            f"exit record could not be written: {self.unwritten}" if self.unwritten else "")
 
 
 @dataclass(frozen=True)
@@ -113,6 +131,21 @@ class AttemptRecord:
 STEP_TAIL = 16 << 10  # bytes of each rank's heartbeat file that furthest_step reads (~80 records)
 
 
+EXIT_MARK = "ORCHESTRATE_EXIT "  # an agent that could not write its exit record prints it as one line of its output
+RESERVE = ".exit.reserve"  # nodes/<R>/.exit.reserve: room an agent keeps for its exit record (write_exit_reserved)
+RESERVE_BYTES = 64 << 10
+
+
+def parse_exit_line(line: str) -> "ExitRecord | None":
+    """The ExitRecord an agent printed (EXIT_MARK + JSON) instead of writing it, or None for any other line."""
+    if not line.startswith(EXIT_MARK):
+        return None
+    try:
+        return parse_exit(json.loads(line[len(EXIT_MARK):]))
+    except ValueError:
+        return None
+
+
 class RunDir:
     """One job's run directory; `RunDir(path)` names it, nothing is created until something is written."""
 
@@ -122,6 +155,7 @@ class RunDir:
     QUEUE = "queue.json"  # while the job waits for leased hosts / GPUs (QUEUED): what it waits for, since when
     STRAGGLERS = "stragglers.json"  # the supervisor's straggler verdicts and each rank's evidence (core.health)
     RESUMED = "resumed_from.json"  # another job's checkpoint this job began from, as asked (api.check_resume)
+    OUTCOME = "outcome.json"  # the last attempt's end as judged, per node (supervisor / reconciling status)
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
@@ -231,8 +265,57 @@ class RunDir:
     def write_exit(self, rank: int, rec: ExitRecord) -> None:
         self.write_json(self.node_rel(rank, "exit.json"), asdict(rec))
 
+    def reserve_exit(self, rank: int) -> None:
+        """Keep room for node `rank`'s exit record (RESERVE_BYTES in nodes/<R>/.exit.reserve): a filesystem that
+        fills up while the job runs (a full ORCHESTRATE_HOME) still takes the record at the end. Best effort."""
+        path = self.node_dir(rank) / RESERVE
+        try:
+            self.mkdir(str(path.parent.relative_to(self.root)))
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"\0" * RESERVE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError:
+            path.unlink(missing_ok=True)
+
+    def write_exit_reserved(self, rank: int, rec: ExitRecord) -> str | None:
+        """write_exit, then (no space) again after giving back the reserved room; never raises: returns why the
+        record could not be written (None: written). The reserve goes in any case."""
+        reserve = self.node_dir(rank) / RESERVE
+        why = None
+        for _ in range(2):
+            try:
+                self.write_exit(rank, rec)
+                why = None
+                break
+            except OSError as e:
+                why = write_error(e)
+                try:
+                    reserve.unlink()
+                except OSError:
+                    break  # nothing left to give back
+        try:
+            reserve.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return why
+
     def append_attempt(self, rec: AttemptRecord) -> None:
         self.append_line(self.RESTARTS, json.dumps(asdict(rec), sort_keys=True))
+
+    def write_outcome(self, outcome: dict) -> str | None:
+        """Record the judged end (OUTCOME). Never raises: returns why it could not be written (a full disk), else
+        None."""
+        try:
+            self.write_json(self.OUTCOME, outcome)
+        except OSError as e:
+            return write_error(e)
+        return None
+
+    def outcome(self) -> dict:
+        data = self._json(self.OUTCOME)
+        return data if isinstance(data, dict) else {}
 
     def excluded(self) -> dict[str, str]:
         """Hosts taken out of the job, with why (from restarts.jsonl, and the pre-flight's replacements)."""
@@ -353,6 +436,14 @@ class RunDir:
                 if isinstance(step, int) and (best is None or step > best):
                     best = step
         return best
+
+
+def write_error(e: OSError) -> str:
+    """Why a record could not be written, in words: `no space left on device`, `disk quota exceeded`, ..."""
+    import errno
+    what = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded (no space left on device)"
+            }.get(e.errno or 0) or e.strerror or str(e)
+    return f"{e.filename}: {what}" if e.filename else what
 
 
 def parse_agent(data: Any) -> AgentRecord | None:

@@ -342,8 +342,11 @@ class Server:
     def op_hello(self, req):
         """Facts the pre-flight needs: the real workdir, free disk, Python, the training stack's versions (read from
         the installed metadata, nothing imported), which of the given paths exist; with `blobs`, also `check`."""
-        _mkdirs(self.root)
-        st = os.statvfs(self.root)
+        try:
+            _mkdirs(self.root)
+            st = os.statvfs(self.root)
+        except OSError as e:  # one line naming the setting (the submitter adds the host), never a bare errno
+            return {"error": "ssh.workdir %s cannot be created or used: %s" % (self.root, e.strerror or e)}
         paths = req.get("paths", [])
         out = {"workdir": self.root, "free": st.f_bavail * st.f_frsize, "python": sys.version.split()[0],
                "versions": versions(req.get("packages", [])), "home": os.path.expanduser("~"),

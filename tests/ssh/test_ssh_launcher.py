@@ -94,13 +94,28 @@ def test_duplicate_hosts_rejected(testbed, make_cluster, trivial_job):
     _expect_preflight(testbed, launcher, launcher.prepare(plan), plan, "duplicate hosts", testbed.hosts[0])
 
 
+@pytest.mark.fault
 def test_preflight_port_in_use_on_main_node(testbed, trivial_job):
+    """[private]: staging runs first and links the job's files into runs/<job> on every host; the refusal on one host
+    must leave no run dir (no staged or output link) on any host (docs/ssh.md)."""
     with socket.socket() as s:
         s.bind((testbed.hosts[0], 0))
         s.listen()
         port = s.getsockname()[1]
         launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, port=port)
         _expect_preflight(testbed, launcher, sub, plan, testbed.hosts[0], f"main port {port} is in use")
+    if testbed.private:  # staging did run (its report), and _expect_preflight found no run dir on any host
+        assert (Path(plan.run_dir) / "staged.json").exists()
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("workdir", ["/proc/orchestrate-work/{host}", "/dev/null/work"])
+def test_preflight_unusable_workdir_is_one_line_naming_the_key_and_host(testbed, trivial_job, workdir):
+    """A workdir that cannot be created (ENOENT under /proc, ENOTDIR under a file): the probe ([shared]) and the
+    staging session ([private]) both answer one line naming ssh.workdir and the host, exit 2, no raw OSError."""
+    launcher, sub, _, plan = trivial_job({0: SLEEP, 1: SLEEP}, workdir=workdir)
+    msg = _expect_preflight(testbed, launcher, sub, plan, testbed.hosts[0], testbed.hosts[1], "ssh.workdir ")
+    assert "Errno" not in msg and "FileNotFoundError" not in msg and "NotADirectoryError" not in msg, msg
 
 
 def test_preflight_missing_remote_python(testbed, trivial_job):
@@ -184,6 +199,11 @@ def test_sigkill_rank_or_agent_tears_everything_down(testbed, trivial_job, what,
     assert "SIGKILL" in res.root_cause, res.root_cause
     if what == "agent":  # the agent itself is named, not a bare wait status
         assert "node agent was killed by SIGKILL" in res.root_cause, res.root_cause
+    # an honest code: a signal death is 128 + N (137 = SIGKILL) for the job and the node, never `exit 9`; the node
+    # table agrees with the cause: node 1 failed, node 0 was stopped by the teardown (whatever it exited with)
+    assert res.returncode == 137, res
+    ends = {n.node_rank: (n.end, n.returncode) for n in res.nodes}
+    assert ends[1] == ("failed", 137) and ends[0][0] == "stopped", ends
     assert gone < 5
 
 

@@ -10,58 +10,23 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import cli
+from helpers import cli, fill, small_tmpfs
 from orchestrator.errors import OrchestratorError
 from orchestrator.store import JobStore, StoreError, StoreFullError
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _unavailable(reason: str):
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"full-disk test prerequisite missing under CI: {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture
 def small_fs(tmp_path):
     """A 512 KiB tmpfs mounted at tmp_path/fs (unmounted at the end, pass or fail)."""
-    if os.geteuid() != 0:
-        _unavailable("needs root to mount a small tmpfs (a full filesystem for ORCHESTRATE_HOME)")
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        _unavailable(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
-def fill(mnt: Path) -> Path:
-    """Fill the filesystem to the last byte; returns the filler (unlink it to make room again)."""
-    filler = mnt / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    st = os.statvfs(mnt)
-    assert st.f_bfree == 0, "the filesystem is not full"
-    return filler
+    yield from small_tmpfs(tmp_path / "fs", "512k")
 
 
 def _job(store: JobStore, job_id: str) -> None:
@@ -145,9 +110,27 @@ def test_cli_submit_on_a_full_disk_is_one_line(small_fs):
     r = cli("submit", REPO / "recipes/configs/sft_tiny.yaml", "trainer.max_steps=1",
             env={"ORCHESTRATE_HOME": str(home)}, timeout=300)
     lines = r.stderr.strip().splitlines()
-    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]  # refused, as bad input is
     assert len(lines) == 1 and lines[0].startswith("orchestrate: error: ") and "no space left on device" in lines[0], \
         r.stderr[-3000:]
+    left = [str(p) for d in ("runs", "supervisors") for p in (home / d).iterdir()] if (home / "runs").is_dir() else []
+    assert not left, f"a refused submit left {left}"  # no half-written run dir, no pid file
+
+
+def test_cli_submit_refused_while_writing_its_run_dir_leaves_nothing(small_fs):
+    """Room for the store and the supervisor's pid file but not for the run dir's files: the run dir already begun
+    is removed again, the refusal is one line, exit 2, and the store has no record of a job that never was."""
+    home = small_fs / "home"
+    JobStore(home / "jobs.db")
+    filler = fill(small_fs)
+    os.truncate(filler, max(0, filler.stat().st_size - 6 * 4096))  # a few pages: a pid file, not a run dir's files
+    r = cli("submit", REPO / "recipes/configs/sft_tiny.yaml", "trainer.max_steps=1",
+            env={"ORCHESTRATE_HOME": str(home)}, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("orchestrate: error: "), r.stderr[-3000:]
+    assert not list((home / "runs").iterdir()) and not list((home / "supervisors").iterdir())
+    assert JobStore(home / "jobs.db").list() == []
 
 
 def test_node_log_on_a_full_disk_keeps_streaming(small_fs):

@@ -71,9 +71,9 @@ run dir  TMP/run
 cause    node 1 (gpu02) failed: signal SIGKILL
 slow     rank 1 on gpu02: 2.5x the others' forward time per step (attempt 0, step 3, warn)
 
-NODE  HOST                 RANKS     EXIT  NOTE
-0     gpu01                0-0       -
-1     gpu02                1-1       137   signal SIGTERM
+NODE  HOST                 RANKS     END       EXIT        NOTE
+0     gpu01                0-0       -         -
+1     gpu02                1-1       stopped   137/SIGKILL signal SIGTERM
 
 RANK  HOST                       STEP     LOSS   BEAT  FWD/STEP  LOSS CURVE
 0     gpu01                      5/10   3.5000     5s    20.0ms  █▆▅▃▁

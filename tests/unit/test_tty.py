@@ -91,7 +91,7 @@ def test_status_header_and_rank_table(tmp_path):
     lines = table.splitlines()
     assert lines[0].split() == ["NODE", "HOST", "RANK", "STATE", "STEP", "LOSS", "HEARTBEAT", "EXIT"]
     assert row(table, "0") == ["0", "gpu01", "0", "stopped", "5/10", "3.5000", "5s", "-"]
-    assert row(table, "1") == ["1", "gpu02", "1", "stopped", "3/10", "4.4000", "7s", "137"]
+    assert row(table, "1") == ["1", "gpu02", "1", "stopped", "3/10", "4.4000", "7s", "137/SIGKILL"]
     assert style_of(segments, "FAILED  (exit 1)").color.name == "red"
     assert style_of(segments, "node 1 (gpu02) failed: signal SIGKILL").color.name == "red"
     assert style_of(segments, "stopped").color.name == "magenta"
@@ -185,8 +185,10 @@ def test_cli_piped_is_the_plain_text_and_json_is_unchanged(home):
     assert status == status_text(job_status(rec.to_dict())) + "\n" and "\x1b[" not in status
     st = json.loads(_cli(home, "status", "sft-1", "--json", "--color", "always").stdout)
     assert set(st) == {"job", "state", "backend", "handle", "cluster", "nodes", "ranks", "restarts", "exit_code",
-                       "root_cause", "run_dir", "created", "updated", "fetched", "container", "excluded", "stragglers",
-                       "attempts", "resumed_from", "queue"}
+                       "exit_signal", "root_cause", "run_dir", "created", "updated", "fetched", "container", "excluded",
+                       "stragglers", "attempts", "resumed_from", "queue"}
+    assert set(st["nodes"][0]) == {"node", "host", "ranks", "end", "exit_code", "signal", "note", "stop_reason",
+                                   "outputs"}
     assert set(st["ranks"][0]) == {"rank", "host", "step", "max_steps", "loss", "tokens", "event", "heartbeat_age_s",
                                    "losses", "compute_s", "straggler"}
 
