@@ -58,11 +58,11 @@ def test_status_of_1024_nodes_costs_its_size_not_its_history(big_job):
     summary = next(ln for ln in lines if ln.startswith("ranks "))
     assert "8192 ranks: step 30-60" in summary and "(every rank: status --json)" in summary
     nodes = next(ln for ln in lines if ln.startswith("nodes "))
-    assert "1024 nodes: 1 exit 137, 1023 running" in nodes
+    assert "1024 nodes: 1 failed, 1023 running" in nodes
     rows = [ln.split() for ln in lines if ln[:1].isdigit()]
     ranks_shown = {int(r[0]) for r in rows if len(r) > 4 and "/" in r[2]}
     assert {0, 5000} <= ranks_shown and len(ranks_shown) <= SHOWN
-    assert any(r[:4] == ["700", "10.77.2.201", "5600-5607", "137"] for r in rows)  # the failed node's row
+    assert any(r[:5] == ["700", "10.77.2.201", "5600-5607", "failed", "137/SIGKILL"] for r in rows)  # its row
 
     cpu, out = _cpu_of(home, "status", job, "--json")
     assert cpu < 0.8, cpu
