@@ -28,6 +28,8 @@ from orchestrator.core.hostlist import first_host
 from orchestrator.core.jobplan import AGENT_ENV, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan
 from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_marked, marked, marked_ranks,
                                          process_start_time, signal_group, signal_pids)
+from orchestrator.node.emulate import EMULATE_VAR, emulator_argv
+from orchestrator.node.emulate import parse as parse_emulate
 from orchestrator.node.rundir import EXIT_MARK, AgentRecord, ExitRecord, RunDir, write_error
 
 DEFER_HANG_S = 3.0  # see Agent.monitor
@@ -290,6 +292,9 @@ class Agent:
         for g in self.plan.node(self.rank).ranks:  # an earlier attempt's exit records never speak for this one
             (self.rd.heartbeats / f"rank{g}.exit").unlink(missing_ok=True)
         argv = self.rd.bind(self.plan.node(self.rank).command)
+        emulate = os.environ.get(EMULATE_VAR)
+        if emulate:  # scale tests and benchmarks: one cheap process for this node's ranks (orchestrator.node.emulate)
+            argv = emulator_argv(emulate, self.plan.node(self.rank).ranks)  # (checked in main)
         recipe = self.rd.path(RunDir.RECIPE)
         if recipe.exists() and RUN_DIR_VAR in (text := recipe.read_text()):  # staged paths (docs/staging.md)
             self.rd.write_text(RunDir.RECIPE, text.replace(RUN_DIR_VAR, str(self.run_dir)))
@@ -516,6 +521,15 @@ def _child_setup() -> None:
         pass
 
 
+def emulate_problem() -> str | None:
+    """A malformed ORCHESTRATE_EMULATE, said before anything starts."""
+    try:
+        parse_emulate(os.environ.get(EMULATE_VAR) or "")
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def take_lease(request: dict):
     """Take this node's lease (core.leases.lease_request's JSON) at once: (Held, None) — keep it for the life of this
     process — or (None, the busy lock with its holder)."""
@@ -621,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
             lease, busy = take_lease(request)
             if lease is None:
                 return agent.refuse(busy_text(busy or {}), EXIT_BUSY, "LeaseBusy")
-    problem = agent.node_checks() or agent.gpu_health_check() or agent.container_check()
+    problem = agent.node_checks() or agent.gpu_health_check() or agent.container_check() or emulate_problem()
     if problem:
         return agent.refuse(problem)
     try:
