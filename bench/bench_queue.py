@@ -36,10 +36,10 @@ REPO = Path(__file__).resolve().parent.parent
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def job_yaml(path: Path, steps: int) -> Path:
+def job_yaml(path: Path, steps: int, nodes: int = 2) -> Path:
     path.write_text(json.dumps({"run": {"script": str(REPO / "tests" / "faults" / "beat_loop.py"),
                                         "args": [str(steps)]},
-                                "launch": {"nodes": 2, "procs_per_node": 1, "allow_idle_gpus": True},
+                                "launch": {"nodes": nodes, "procs_per_node": 1, "allow_idle_gpus": True},
                                 "health": {"preflight_timeout": 0}}))
     return path
 
@@ -63,13 +63,13 @@ def gaps(home: Path) -> list[float]:
     return [round(b[0] - a[1], 3) for a, b in zip(spans, spans[1:], strict=False)]
 
 
-def run_round(n: int, steps: int, env: dict, work: Path, extra: list[str]) -> dict:
+def run_round(n: int, steps: int, env: dict, work: Path, extra: list[str], nodes: int = 2) -> dict:
     out: dict = {}
     for side in ("queue", "hand"):
         home = work / f"home-{side}"
         shutil.rmtree(home, ignore_errors=True)
         e = dict(env, ORCHESTRATE_HOME=str(home))
-        job = job_yaml(work / "job.yaml", steps)
+        job = job_yaml(work / "job.yaml", steps, nodes)
         argv = [sys.executable, "-m", "orchestrator.cli", "submit", str(job), *extra]
         t0 = time.perf_counter()
         if side == "queue":
@@ -97,8 +97,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--backend", choices=("local", "ssh"), default="local")
+    ap.add_argument("--nodes", type=int, default=2, help="nodes per job (each needs them all)")
+    ap.add_argument("--real-gpus", action="store_true", help="local: this machine's own GPUs and nvidia-smi (one "
+                    "per node), not the stand-in")
+    ap.add_argument("--out", default=None, help="results file (default bench/results/queue_<backend>.json)")
     args = ap.parse_args()
-    env = {**os.environ, **OFFLINE, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, **OFFLINE, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO),
+                                                                              os.environ.get("PYTHONPATH"))))}
     rounds = []
     with tempfile.TemporaryDirectory(prefix="bench-queue-") as tmp:
         work = Path(tmp)
@@ -106,7 +111,8 @@ def main() -> None:
         extra: list[str] = []
         testbed = None
         if args.backend == "local":
-            env.update(ORCHESTRATE_NVIDIA_SMI=str(REPO / "tests" / "fakes" / "nvidia-smi"), FAKE_NVIDIA_GPUS="2")
+            if not args.real_gpus:
+                env.update(ORCHESTRATE_NVIDIA_SMI=str(REPO / "tests" / "fakes" / "nvidia-smi"), FAKE_NVIDIA_GPUS="2")
             env.pop("CUDA_VISIBLE_DEVICES", None)
         else:
             sys.path.insert(0, str(REPO / "scripts"))
@@ -120,19 +126,21 @@ def main() -> None:
         try:
             for r in range(args.rounds):
                 print(f"round {r + 1}/{args.rounds}", flush=True)
-                rounds.append(run_round(args.jobs, args.steps, env, work, extra))
+                rounds.append(run_round(args.jobs, args.steps, env, work, extra, args.nodes))
         finally:
             if testbed is not None:
                 sshd_hosts.down(work / "sshd")
     q = [r["queue"]["wall_s"] for r in rounds]
     h = [r["hand"]["wall_s"] for r in rounds]
     allgaps = [g for r in rounds for g in r["queue"]["gaps_s"]]
-    summary = {"jobs": args.jobs, "steps": args.steps, "backend": args.backend, "rounds": rounds,
+    summary = {"jobs": args.jobs, "steps": args.steps, "backend": args.backend, "nodes": args.nodes,
+               "gpus": "real" if args.real_gpus else "stand-in nvidia-smi" if args.backend == "local" else None,
+               "when": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "rounds": rounds,
                "queue_wall_median_s": statistics.median(q), "hand_wall_median_s": statistics.median(h),
                "queue_gap_median_s": statistics.median(allgaps) if allgaps else None,
                "queue_gap_max_s": max(allgaps) if allgaps else None,
                "hand_gap_median_s": statistics.median([g for r in rounds for g in r["hand"]["gaps_s"]] or [0])}
-    out = REPO / "bench" / "results" / f"queue_{args.backend}.json"
+    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"queue_{args.backend}.json"
     out.write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "rounds"}))
     print(f"wrote {out}")
