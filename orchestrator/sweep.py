@@ -16,9 +16,11 @@ as one array job are not built: refused with a clear line.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -367,3 +369,27 @@ def cancel(doc: dict[str, Any]) -> dict[str, str]:
         else:
             out[pt["job_id"]] = api.cancel(rec.id)
     return out
+
+
+_POINT = re.compile(r"^(sweep-\d{8}-\d{6}-[0-9a-f]{4})-p(\d+)$")
+
+
+@functools.lru_cache(maxsize=64)
+def _sweep_doc(sweep_id: str) -> dict[str, Any] | None:
+    return read_sweep(sweep_id)  # (once per sweep per `ls`)
+
+
+def point_of(job_id: str, run_dir: str) -> dict[str, Any] | None:
+    """A job that is a point of a recorded sweep: {"sweep", "point", "overrides", "loss" (its last), "sweep_points",
+    "sweep_parallel"}; None for any other job (or a sweep whose record is gone)."""
+    m = _POINT.match(job_id)
+    doc = _sweep_doc(m.group(1)) if m else None
+    if not m or doc is None:
+        return None
+    index = int(m.group(2))
+    pt = next((p for p in doc.get("points") or [] if p.get("index") == index), None)
+    if pt is None:
+        return None
+    return {"sweep": doc["id"], "point": index, "overrides": list(pt.get("overrides") or []),
+            "loss": _losses(run_dir)[0], "sweep_points": len(doc.get("points") or []),
+            "sweep_parallel": doc.get("max_parallel")}

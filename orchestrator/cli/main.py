@@ -93,9 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     who.add_argument("--node", type=int, default=None, help="only this node")
     who.add_argument("--rank", type=int, default=None, help="only the node of this global rank, and its lines")
     lg.add_argument("--grep", default=None, metavar="RE", help="only lines matching this regular expression")
-    pl = sub.add_parser("plot", help="PNG of loss and tokens/s per rank over steps")
-    pl.add_argument("job")
-    pl.add_argument("--out", "-o", default=None, help="PNG path (default RUN_DIR/plot.png)")
+    pl = sub.add_parser("plot", help="PNG of loss and tokens/s per rank over steps; of a sweep: its points' loss "
+                                     "curves overlaid")
+    pl.add_argument("job", help="job id (a unique prefix is enough), or a sweep id")
+    pl.add_argument("--out", "-o", default=None, help="PNG path (default RUN_DIR/plot.png; a sweep's: "
+                                                      "ORCHESTRATE_HOME/sweeps/SWEEP_ID.png)")
     sw = sub.add_parser("sweep", help="a sweep's points sorted by final loss: state, step, final and best loss")
     sw.add_argument("sweep_id", help="the sweep id that submit --sweep printed")
     sw.add_argument("--json", action="store_true", help="machine-readable output")
@@ -320,13 +322,20 @@ def _record(job: str):
     return api._record(job)
 
 
+def sweep_point(rec) -> dict:
+    """{"sweep", "point", "overrides", "loss", "sweep_points", "sweep_parallel"} of a job that is a sweep's point
+    (`ls` groups them), {} for any other job."""
+    from orchestrator.sweep import point_of
+    return point_of(rec.id, rec.run_dir) or {}
+
+
 def cmd_ls(args) -> int:
     from orchestrator import api
     from orchestrator.cli.views import last_step
     records = api.jobs(args.limit)
     queue = api.queue_positions() if any(r.state == "QUEUED" for r in records) else {}
-    rows = [dict(r.to_dict(), step=last_step(r.run_dir), **({"queue_position": queue[r.id]} if r.id in queue else {}))
-            for r in records]
+    rows = [dict(r.to_dict(), step=last_step(r.run_dir), **({"queue_position": queue[r.id]} if r.id in queue else {}),
+                 **sweep_point(r)) for r in records]
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True))
     else:
@@ -412,7 +421,17 @@ def cmd_attach(args) -> int:
 
 def cmd_plot(args) -> int:
     from pathlib import Path
-    from orchestrator.cli.plot import plot_job
+    from orchestrator.cli.plot import plot_job, plot_sweep
+    from orchestrator.sweep import read_sweep, sweeps_dir
+    doc = read_sweep(args.job) if args.job.startswith("sweep-") else None
+    if doc is not None:  # a sweep: its points' loss curves overlaid
+        from orchestrator.store import JobStore
+        store = JobStore()
+        points = [(f"p{pt['index']} {' '.join(pt['overrides'])}", rec.run_dir) for pt in doc.get("points") or []
+                  if (rec := store.get(pt["job_id"])) is not None]
+        path = plot_sweep(points, args.out or str(sweeps_dir() / f"{doc['id']}.png"), title=doc["id"])
+        print(f"wrote {path}")
+        return 0
     rec = _record(args.job)
     path = plot_job(rec.run_dir, args.out or str(Path(rec.run_dir) / "plot.png"), title=rec.id)
     print(f"wrote {path}")

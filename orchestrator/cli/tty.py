@@ -13,8 +13,8 @@ import sys
 import time
 from typing import Any
 
-from orchestrator.cli.views import (fmt_age, fmt_loss, fmt_step, job_exit_text, jobs_text, notable_ranks, queue_text,
-                                    resumed_text, sparkline, state_label, status_text)
+from orchestrator.cli.views import (fmt_age, fmt_loss, fmt_step, group_sweeps, job_exit_text, jobs_text, notable_ranks,
+                                    point_note, queue_text, resumed_text, sparkline, state_label, status_text)
 from orchestrator.types import exit_text
 
 COLOR_MODES = ("auto", "always", "never")
@@ -67,14 +67,18 @@ def jobs_table(rows: list[dict[str, Any]], now: float | None = None):
     for name in ("NODES", "STEP", "AGE"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("CAUSE")  # the one column that gives way when the terminal is narrow
-    for r in rows:
+    for r in group_sweeps(rows):
+        if r.get("header"):
+            table.add_row(Text(r["header"], style="bold"), end_section=False)
+            continue
         step = r.get("step")
         state = state_text(r["state"])
         if state_label(r) != r["state"]:
             state.append(state_label(r)[len(r["state"]):])
-        table.add_row(r["id"], state, r["backend"], str(r["nodes"]),
-                      "-" if step is None else str(step), fmt_age(now - r["created"]),
-                      Text(short(r.get("root_cause")), style="red", no_wrap=True, overflow="ellipsis"))
+        note = Text(point_note(r), no_wrap=True, overflow="ellipsis") if r.get("sweep") else \
+            Text(short(r.get("root_cause")), style="red", no_wrap=True, overflow="ellipsis")
+        table.add_row(("  " if r.get("sweep") else "") + r["id"], state, r["backend"], str(r["nodes"]),
+                      "-" if step is None else str(step), fmt_age(now - r["created"]), note)
     return table
 
 

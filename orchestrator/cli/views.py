@@ -334,15 +334,54 @@ def job_exit_text(st: dict[str, Any]) -> str:
     return exit_text(st["exit_code"]) if st.get("exit_signal") else str(st["exit_code"])
 
 
+def group_sweeps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`ls` rows (newest first) with each sweep's points together, in point order, at the place of its newest point,
+    after a header row {"sweep": id, "header": text}. A point row carries "sweep", "point", "overrides" and "loss"
+    (cmd_ls adds them); other rows stay as they are."""
+    out: list[dict[str, Any]] = []
+    done: set[str] = set()
+    for r in rows:
+        sweep = r.get("sweep")
+        if not sweep:
+            out.append(r)
+            continue
+        if sweep in done:
+            continue
+        done.add(sweep)
+        points = sorted((p for p in rows if p.get("sweep") == sweep), key=lambda p: p.get("point") or 0)
+        states: dict[str, int] = {}
+        for p in points:
+            states[p["state"]] = states.get(p["state"], 0) + 1
+        total = r.get("sweep_points") or len(points)
+        if total > len(points):
+            states["NOT STARTED"] = total - len(points)
+        out.append({"sweep": sweep, "header": f"{sweep}  sweep of {total} point(s), at most "
+                    f"{r.get('sweep_parallel') or total} at once: " +
+                    ", ".join(f"{n} {k}" for k, n in sorted(states.items()))})
+        out += points
+    return out
+
+
+def point_note(r: dict[str, Any]) -> str:
+    """What an `ls` row of a sweep point says after its columns: its overrides and last loss."""
+    loss = r.get("loss")
+    return " ".join(r.get("overrides") or []) + (f"  loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
+
+
 def jobs_text(records: list[dict[str, Any]], now: float | None = None) -> str:
     now = time.time() if now is None else now
     if not records:
         return "no jobs yet"
     lines = [f"{'JOB':<44} {'STATE':<10} {'BACKEND':<7} {'NODES':>5} {'STEP':>7} {'AGE':>6}"]
-    for r in records:
+    for r in group_sweeps(records):
+        if r.get("header"):
+            lines.append(r["header"])
+            continue
         step = r.get("step")
-        lines.append(f"{r['id'][:44]:<44} {state_label(r):<10} {r['backend']:<7} {r['nodes']:>5} "
-                     f"{('-' if step is None else str(step)):>7} {fmt_age(now - r['created']):>6}")
+        name = f"  {r['id']}"[:44] if r.get("sweep") else r["id"][:44]
+        lines.append((f"{name:<44} {state_label(r):<10} {r['backend']:<7} {r['nodes']:>5} "
+                      f"{('-' if step is None else str(step)):>7} {fmt_age(now - r['created']):>6}"
+                      + (f"  {point_note(r)}" if r.get("sweep") else "")).rstrip())
     return "\n".join(lines)
 
 

@@ -66,6 +66,17 @@ def test_a_grid_runs_two_at_a_time_and_the_table_is_sorted_by_loss(tmp_path, job
     assert "trainer.learning_rate=3e-3" in best["overrides"], table  # the larger rate learns faster in 6 steps
     text = cli("sweep", sid, env=env).stdout
     assert text.splitlines()[1].split()[:5] == ["POINT", "STATE", "STEP", "FINAL", "BEST"], text
+    # `ls` groups the sweep: a header line, then its points in order, each with its overrides and last loss
+    ls = cli("ls", "--color", "never", env=env).stdout.splitlines()
+    head = next(i for i, ln in enumerate(ls) if ln.startswith(sid))
+    assert "sweep of 4 point(s), at most 2 at once: 4 COMPLETED" in ls[head], ls
+    assert [ln.split()[0] for ln in ls[head + 1:head + 5]] == jobs, ls
+    assert all("trainer.learning_rate=" in ln and " loss " in ln for ln in ls[head + 1:head + 5]), ls
+    rows = json.loads(cli("ls", "--json", env=env).stdout)
+    assert {r["id"]: (r["sweep"], r["point"]) for r in rows} == {j: (sid, i) for i, j in enumerate(jobs)}, rows
+    # `plot SWEEP_ID`: the points' loss curves on one PNG
+    png = cli("plot", sid, "--out", tmp_path / "sweep.png", env=env)
+    assert png.returncode == 0 and (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG", png.stderr
 
 
 def test_a_bad_point_is_named_and_nothing_is_submitted(tmp_path, job_guard):
