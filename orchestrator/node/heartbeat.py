@@ -80,12 +80,12 @@ def _rank_of(path: Path) -> int:
         return -1
 
 
-def read_tails(directory: Path, budget: int = 4 << 20, least: int = 1024, most: int = 256 << 10
+def read_tails(directory: Path, budget: int = 4 << 20, least: int = 512, most: int = 256 << 10
                ) -> list[dict[str, Any]]:
     """The LAST records of every rank<G>.jsonl, each rank's in order: at most `budget` bytes in all, shared by the
     ranks (each reads between `least` and `most` bytes from its file's end). What `status` needs of a running or
     ended job (each rank's latest state, its recent forward times and losses) at a cost bounded by the job's size,
-    not by how long it ran: 8,192 ranks read 1 KiB each (their last ~4 records), a 16-rank job up to 256 KiB each
+    not by how long it ran: 8,192 ranks read 512 bytes each (their last ~2 records), a 16-rank job up to 256 KiB each
     (its whole history for most runs)."""
     if not directory.is_dir():
         return []
