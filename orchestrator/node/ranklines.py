@@ -179,6 +179,10 @@ class RankRelay:
             except OSError:
                 pass
         self.fds = {}
+        try:
+            self.dir.rmdir()  # (only when empty)
+        except OSError:
+            pass
         for fd in (self._wake_r, self._wake_w):
             if fd >= 0:
                 try:
