@@ -42,12 +42,14 @@ class Launcher(Protocol):
 
 
 def run_dir_logs(run_dir: RunDir, node: int | None = None, hosts: dict[int, str] | None = None) -> Iterator[str]:
-    """Every backend keeps each node's output in RUN_DIR/logs/node<R>.log on the submit host: `[host nodeR] line`."""
+    """Every backend keeps each node's output in RUN_DIR/logs/node<R>.log on the submit host: `[host nodeR rankG] line`
+    for a rank's line, `[host nodeR] line` for the launcher's or the agent's (orchestrator.node.ranklines)."""
+    from orchestrator.node.ranklines import show
     ranks = [node] if node is not None else run_dir.log_ranks()
     for r in ranks:
         host = (hosts or {}).get(r) or (run_dir.agent(r).host if run_dir.agent(r) else "") or "?"
         for line in run_dir.iter_log(r):
-            yield f"[{host} node{r}] {line}"
+            yield show(host, r, line)
 
 
 def status_from_nodes(rows: list[dict], unreachable: dict[int, str] | None = None) -> JobStatus:

@@ -1,5 +1,9 @@
 """A job's node logs as `orchestrate logs` and `attach` print them: new complete lines of
-RUN_DIR/logs/node<R>.log, filtered (`--node`, `--rank`, `--grep`), prefixed `[host nodeR]`, heartbeat lines left out.
+RUN_DIR/logs/node<R>.log, filtered (`--node`, `--rank`, `--grep`), prefixed `[host nodeR rankG]` (a rank's line) or
+`[host nodeR]` (the launcher's, the agent's), heartbeat lines left out.
+
+`--rank G` reads only the log of the node that holds rank G (the plan's node_plans) and keeps only G's lines;
+`--node R` reads only node R's log: neither touches the other nodes' logs (a 1,024-node job stays fast).
 """
 
 from __future__ import annotations
@@ -9,30 +13,33 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from orchestrator.node.ranklines import prefix, split_rank
 
-def log_filter(node: int | None, rank: int | None, grep: str | None,
-               procs_per_node: int = 1) -> Callable[[int, str], bool]:
-    """keep(node, line): only `node`'s lines, or the lines of the node of global `rank` that are not another rank's
-    (`[rankN]` prefix), matching the regular expression `grep`."""
+
+def log_filter(node: int | None, rank: int | None, grep: str | None) -> Callable[[int, int | None, str], bool]:
+    """keep(node, rank, text): only `node`'s lines, only global `rank`'s lines (a line of no rank is not rank G's),
+    whose text (without its prefix) matches the regular expression `grep`."""
     pattern = re.compile(grep) if grep else None
-    other_rank = None
-    if rank is not None:
-        node = rank // procs_per_node
-        other_rank = re.compile(r"^\[rank(\d+)\]")
 
-    def keep(n: int, line: str) -> bool:
+    def keep(n: int, r: int | None, text: str) -> bool:
         if node is not None and n != node:
             return False
-        if other_rank is not None:
-            m = other_rank.match(line)
-            if m and int(m.group(1)) != rank:
-                return False
-        return pattern is None or bool(pattern.search(line))
+        if rank is not None and r != rank:
+            return False
+        return pattern is None or bool(pattern.search(text))
     return keep
 
 
+def node_of_rank(plan: dict, rank: int) -> int:
+    """The node that holds global `rank`: the plan's node_plans[].ranks; else rank // procs_per_node."""
+    for n in plan.get("node_plans", []):
+        if rank in (n.get("ranks") or ()):
+            return int(n["node_rank"])
+    return rank // max(1, int(plan.get("procs_per_node") or 1))
+
+
 class LogTail:
-    """New complete lines of RUN_DIR/logs/node<R>.log since the last call, filtered, prefixed [host nodeR]."""
+    """New complete lines of RUN_DIR/logs/node<R>.log since the last call, filtered, prefixed [host nodeR rankG]."""
 
     def __init__(self, run_dir, node: int | None = None, rank: int | None = None, grep: str | None = None):
         self.run_dir = Path(run_dir)
@@ -40,24 +47,41 @@ class LogTail:
             plan = json.loads((self.run_dir / "plan.json").read_text())
         except (OSError, ValueError):
             plan = {}
-        self.keep = log_filter(node, rank, grep, int(plan.get("procs_per_node") or 1))
+        if rank is not None:
+            node = node_of_rank(plan, rank)
+        self.node = node
+        self.keep = log_filter(node, rank, grep)
         self.hosts = {n["node_rank"]: n.get("host") or f"node{n['node_rank']}" for n in plan.get("node_plans", [])}
         self.offsets: dict = {}
         self.pending: dict = {}
 
-    def drain(self) -> None:
-        for path in sorted((self.run_dir / "logs").glob("node*.log")):
+    def paths(self) -> list[tuple[int, Path]]:
+        """(node, log) to read: the one node's when a node or rank is asked for (no directory listing), else all."""
+        logs = self.run_dir / "logs"
+        if self.node is not None:
+            return [(self.node, logs / f"node{self.node}.log")]
+        found = []
+        for path in logs.glob("node*.log"):
             m = re.fullmatch(r"node(\d+)\.log", path.name)
-            if not m:
+            if m:
+                found.append((int(m.group(1)), path))
+        return sorted(found)
+
+    def drain(self) -> None:
+        for n, path in self.paths():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets.get(path, 0))
+                    data = self.pending.get(path, b"") + f.read()
+                    self.offsets[path] = f.tell()
+            except FileNotFoundError:  # (not yet: the node has not started)
                 continue
-            n = int(m.group(1))
-            with open(path, "rb") as f:
-                f.seek(self.offsets.get(path, 0))
-                data = self.pending.get(path, b"") + f.read()
-                self.offsets[path] = f.tell()
             *lines, rest = re.split(rb"[\r\n]", data)
             self.pending[path] = rest
             for raw in lines:
                 line = raw.decode(errors="replace")
-                if line.strip() and not line.startswith("ORCHESTRATE_HB ") and self.keep(n, line):
-                    print(f"[{self.hosts.get(n, '?')} node{n}] {line}", flush=True)
+                if not line.strip() or line.startswith("ORCHESTRATE_HB "):
+                    continue
+                r, text = split_rank(line)
+                if self.keep(n, r, text):
+                    print(f"{prefix(self.hosts.get(n, '?'), n, r)} {text}", flush=True)

@@ -86,12 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("job")
     at.add_argument("--quiet", "-q", action="store_true", help="progress only, no node output")
     _add_color(at, "rich progress bar", "plain `progress:` lines")
-    lg = sub.add_parser("logs", help="a job's logs, merged and prefixed by node")
+    lg = sub.add_parser("logs", help="a job's logs, merged and prefixed by node and rank ([host nodeR rankG])")
     lg.add_argument("job")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     who = lg.add_mutually_exclusive_group()
     who.add_argument("--node", type=int, default=None, help="only this node")
-    who.add_argument("--rank", type=int, default=None, help="only the node of this global rank, and its lines")
+    who.add_argument("--rank", type=int, default=None,
+                     help="only this global rank's lines (reads only the log of the node that holds it)")
     lg.add_argument("--grep", default=None, metavar="RE", help="only lines matching this regular expression")
     pl = sub.add_parser("plot", help="PNG of loss and tokens/s per rank over steps; of a sweep: its points' loss "
                                      "curves overlaid")
@@ -183,6 +184,7 @@ def cmd_submit(args) -> int:
         return detach(sys.argv[1:] if args._argv is None else args._argv, prepared)
     from orchestrator.cli.progress import Progress
     from orchestrator.cli.tty import use_rich
+    from orchestrator.node.ranklines import prefix, split_rank
     from orchestrator.supervise import Supervisor
     result_line: dict = {}
     hosts = {n.node_rank: n.host or f"node{n.node_rank}" for n in prepared.plan.node_plans}
@@ -194,14 +196,15 @@ def cmd_submit(args) -> int:
         except OSError as e:
             _output_failed(sup, e)
 
-    def on_line(rank: int, line: str) -> None:
-        if line.startswith("ORCHESTRATE_RESULT "):
+    def on_line(node: int, line: str) -> None:
+        rank, text = split_rank(line)
+        if text.startswith("ORCHESTRATE_RESULT "):
             try:
-                result_line.update(json.loads(line.split(" ", 1)[1]))
+                result_line.update(json.loads(text.split(" ", 1)[1]))
             except ValueError:
                 pass
         if not args.quiet:
-            say(f"[{hosts.get(rank, '?')} node{rank}] {line}")
+            say(f"{prefix(hosts.get(node, '?'), node, rank)} {text}")
 
     def on_beat(rec: dict) -> None:
         try:

@@ -30,6 +30,7 @@ from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_mark
                                          process_start_time, signal_group, signal_pids)
 from orchestrator.node.emulate import EMULATE_VAR, emulator_argv
 from orchestrator.node.emulate import parse as parse_emulate
+from orchestrator.node.ranklines import RankRelay
 from orchestrator.node.rundir import EXIT_MARK, AgentRecord, ExitRecord, RunDir, write_error
 
 DEFER_HANG_S = 3.0  # see Agent.monitor
@@ -109,6 +110,7 @@ class Agent:
         self.token = f"{plan.job_id}.{rank}.{os.urandom(6).hex()}"
         self._node_env: dict[str, str] | None = None  # the plan's env for this node, late facts bound (node_checks)
         self.preflight_error = ""  # the network pre-flight stopped this node (watch_main_reachable)
+        self.relay: RankRelay | None = None  # node.ranklines.RankRelay: the ranks' output, tagged by rank (start_relay)
 
     def write_config(self) -> Path:
         from orchestrator.core.accelconf import accelerate_config_text
@@ -311,11 +313,16 @@ class Agent:
             container = container_name(self.plan.job_id, self.rank) if cp.runtime in DAEMON_RUNTIMES else ""
             if container:
                 remove(cp.runtime, self.plan.job_id, self.rank)  # an earlier attempt's, if anything is left of it
+        self.start_relay()
         # SLURM signals every process of a step; torchrun has no USR2 handler and would die of it, orphaning
         # the ranks. Ignored dispositions survive exec, so the launcher ignores USR2 and each rank's own
         # handler (the recipes' save-on-signal) replaces the ignore in the ranks.
-        self.proc = subprocess.Popen(argv, env=env, start_new_session=True, cwd=cwd if not container else None,
-                                     stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
+        try:
+            self.proc = subprocess.Popen(argv, env=env, start_new_session=True, cwd=cwd if not container else None,
+                                         stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
+        except BaseException:
+            self.close_relay()
+            raise
         try:
             self.rd.write_agent(AgentRecord(
                 node_rank=self.rank, host=socket.gethostname(), agent_pid=os.getpid(), agent_pgid=os.getpgrp(),
@@ -328,6 +335,21 @@ class Agent:
             self.stopping.clear()
             self.stop(self.stop_reason or "stopped during start")
         return True
+
+    def start_relay(self) -> None:
+        """Per-rank output (node.ranklines): one pipe per rank of this node, each line passed on tagged `[rankG]: `."""
+        relay = RankRelay(self.rd.rank_pipes(self.rank), list(self.plan.node(self.rank).ranks))
+        why = relay.open()
+        if why:
+            os.write(2, f"orchestrate node agent: warning: output not tagged by rank: {why}\n".encode())
+            return
+        relay.start()
+        self.relay = relay
+
+    def close_relay(self) -> None:
+        relay, self.relay = self.relay, None
+        if relay is not None:
+            relay.close()
 
     def forward(self, signum: int) -> None:
         """USR2 (preemption notice) goes to the ranks only; TERM/INT/HUP stop the whole group."""
@@ -464,6 +486,7 @@ class Agent:
         # Nothing of the job may outlive the launch: stragglers of the group and every marked process.
         kill_group(self.proc.pid, grace=min(self.grace, 2.0))
         kill_marked(self.token, grace=min(self.grace, 2.0))
+        self.close_relay()  # the ranks' last lines, before anything the agent says about the end
         cp = self.plan.container
         if cp is not None and cp.runtime in ("podman", "docker"):  # its monitor removes it (--rm); if not, we do
             from orchestrator.node.containers import remove

@@ -15,6 +15,8 @@ RUN_DIR/nodes/<R>/accelerate.yaml    node R's accelerate config (node agent, at 
 RUN_DIR/nodes/<R>/command.txt        what node R runs, env with secrets masked (submitter, for humans)
 RUN_DIR/nodes/<R>/agent.json         AgentRecord: pids, groups, host, launch token (node agent)
 RUN_DIR/nodes/<R>/exit.json          ExitRecord: how node R's launch ended and why (node agent)
+RUN_DIR/nodes/<R>/output/rank<G>     named pipe: rank G's stdout+stderr, tagged `[rankG]: ` by the node agent
+                                     (node.ranklines; opened by the rank's start-up hook; exists during the launch)
 RUN_DIR/logs/node<R>.log             node R's output (the backend)
 RUN_DIR/heartbeats/rank<G>.jsonl     per-rank heartbeat records, docs/CONTRACT.md (the ranks)
 RUN_DIR/heartbeats/rank<G>.exit      {"pid", "code"}: how rank G left Python's exit (its start-up hooks; removed
@@ -185,6 +187,10 @@ class RunDir:
 
     def accelerate_config(self, rank: int) -> Path:
         return self.path(self.node_rel(rank, "accelerate.yaml"))
+
+    def rank_pipes(self, rank: int) -> Path:
+        """Node `rank`'s per-rank output pipes (`output/rank<G>`; hooks/sitecustomize.py spells the same path)."""
+        return self.node_dir(rank) / "output"
 
     def agent_file(self, rank: int) -> Path:
         return self.path(self.node_rel(rank, "agent.json"))

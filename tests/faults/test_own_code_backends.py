@@ -23,6 +23,7 @@ from helpers import rank_pids, wait_gone, wait_until
 from orchestrator import api
 from orchestrator.node.heartbeat import read_all
 from orchestrator.node.proctools import marked
+from orchestrator.node.ranklines import split_rank
 from orchestrator.node.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +73,8 @@ def test_users_trainer_script_on_two_nodes(backend, tmp_path, request, job_guard
     res = jobrun.run(launcher, plan, rd.root, lines=lines, timeout=600)
     text = "\n".join(f"[node{r}] {line}" for r, line in lines)
     assert res.state == "COMPLETED", res.root_cause + "\n" + text[-3000:]
-    params = [json.loads(line.split(" ", 1)[1]) for _, line in lines if line.startswith("USER_PARAMS ")]
+    said = [split_rank(line)[1] for _, line in lines]  # (a rank's line is tagged `[rankG]: `)
+    params = [json.loads(line.split(" ", 1)[1]) for line in said if line.startswith("USER_PARAMS ")]
     assert sorted(p["rank"] for p in params) == [0, 1] and {p["world"] for p in params} == {2}, text[-3000:]
     assert len({p["sha"] for p in params}) == 1, params  # the same parameters on every rank: gradients synced
     beats = read_all(rd.heartbeats)

@@ -23,7 +23,7 @@ from orchestrator.node.proctools import marked
 
 def submit(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     r = cli("submit", "recipes/configs/sft_tiny.yaml", *args, f"trainer.output_dir={tmp_path / 'out'}", timeout=600)
-    m = re.search(r"^\[\S+ node0\] ORCHESTRATE_RESULT (\{.*\})$", r.stdout, re.MULTILINE)
+    m = re.search(r"^\[\S+ node0 rank0\] ORCHESTRATE_RESULT (\{.*\})$", r.stdout, re.MULTILINE)
     return r, (json.loads(m.group(1)) if m else {})
 
 
@@ -50,7 +50,7 @@ def test_two_local_nodes_train_with_synced_gradients(tmp_path, job_guard):
     assert len({x["param_sha"] for x in ranks}) == 1, ranks  # every rank ends with the same parameters
     assert len({x["first_batch_sha"] for x in ranks}) == 2, ranks  # ...having seen different data
     assert res["final_loss"] < res["first_loss"]
-    assert "[localhost node1]" in r.stdout
+    assert "[localhost node1 rank1]" in r.stdout
 
 
 @pytest.mark.slow
@@ -60,7 +60,7 @@ def test_dpo_zero3_on_two_local_nodes(tmp_path, job_guard):
             f"trainer.output_dir={tmp_path / 'out'}", timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "profile    zero3 -> DEEPSPEED" in r.stdout
-    m = re.search(r"^\[\S+ node0\] ORCHESTRATE_RESULT (\{.*\})$", r.stdout, re.MULTILINE)
+    m = re.search(r"^\[\S+ node0 rank0\] ORCHESTRATE_RESULT (\{.*\})$", r.stdout, re.MULTILINE)
     res = json.loads(m.group(1))
     assert res["world_size"] == 2 and res["global_step"] == 4
     # ZeRO-3: each rank holds half of the parameters

@@ -39,9 +39,9 @@ def test_own_trainer_script_on_two_local_nodes(tmp_path, tiny_model, job_guard):
     m = re.search(r"^job (\S+) COMPLETED", text, re.MULTILINE)
     assert m, text[-3000:]
     assert "world      2 node(s) x 1 process(es) = 2" in text and "(own code: script " in text
-    result = re.search(r"^\[localhost node0\] TRAIN_RESULT (\{.*\})$", text, re.MULTILINE)
+    result = re.search(r"^\[localhost node0 rank0\] TRAIN_RESULT (\{.*\})$", text, re.MULTILINE)
     assert result and json.loads(result.group(1))["global_step"] == 6, text[-3000:]
-    assert "[localhost node1] " in text  # live logs of both nodes
+    assert "[localhost node1 rank1] " in text  # live logs of both nodes, by rank
     assert (out / "model.safetensors").exists()
     rec = recorded(m.group(1))
     assert rec["state"] == "COMPLETED"
@@ -70,7 +70,7 @@ def test_trl_sft_subcommand_on_two_local_nodes(tmp_path, tiny_model, job_guard):
     assert m, text[-3000:]
     assert "world      2 node(s) x 1 process(es) = 2" in text, text[:3000]
     assert " -m trl.scripts.sft " in text and "--use_cpu true" in text
-    assert "[localhost node0] " in text and "[localhost node1] " in text  # live logs of both nodes
+    assert "[localhost node0 rank0] " in text and "[localhost node1 rank1] " in text  # live logs of both nodes
     assert (out / "model.safetensors").exists()
     rec = recorded(m.group(1))
     assert rec["state"] == "COMPLETED"
@@ -106,8 +106,8 @@ def test_module_entry_point_on_two_local_nodes(tmp_path, job_guard):
     assert r.returncode == 0, text[-4000:]
     m = re.search(r"^job (\S+) COMPLETED", text, re.MULTILINE)
     assert m and "(own code: module mypkg.train, " in text, text[-3000:]
-    assert "[localhost node0] MODULE_RANK 0 of 2 as __main__" in text, text[-3000:]
-    assert "[localhost node1] MODULE_RANK 1 of 2 as __main__" in text, text[-3000:]
+    assert "[localhost node0 rank0] MODULE_RANK 0 of 2 as __main__" in text, text[-3000:]
+    assert "[localhost node1 rank1] MODULE_RANK 1 of 2 as __main__" in text, text[-3000:]
     rec = recorded(m.group(1))
     assert rec["state"] == "COMPLETED"
     for rank in (0, 1):  # the optimizer-step hook's records: the module writes none

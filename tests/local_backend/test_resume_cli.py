@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _result(stdout: str) -> dict:
-    m = re.search(r"^\[\S+ node0\] ORCHESTRATE_RESULT (\{.*\})$", stdout, re.MULTILINE)
+    m = re.search(r"^\[\S+ node0 rank0\] ORCHESTRATE_RESULT (\{.*\})$", stdout, re.MULTILINE)
     return json.loads(m.group(1)) if m else {}
 
 

@@ -48,7 +48,7 @@ def test_trl_dpo_subcommand_on_two_local_nodes(tmp_path, tiny_model, job_guard):
     assert m, text[-3000:]
     assert "world      2 node(s) x 1 process(es) = 2" in text, text[:3000]
     assert " -m trl.scripts.dpo " in text and "--use_cpu true" in text, text[:3000]
-    assert "[localhost node0] " in text and "[localhost node1] " in text  # live logs of both nodes
+    assert "[localhost node0 rank0] " in text and "[localhost node1 rank1] " in text  # live logs of both nodes
     assert "Training completed." in text and (out / "model.safetensors").exists(), text[-3000:]
 
     from orchestrator.store import JobStore

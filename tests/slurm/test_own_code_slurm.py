@@ -32,7 +32,7 @@ REQUEUE_AT = 3  # requeue once a rank reported this step (the first attempt has 
 
 
 def _said(text: str, tag: str) -> list[dict]:
-    return [json.loads(m.group(1)) for m in re.finditer(rf"^{tag} (\{{.*\}})$", text, re.MULTILINE)]
+    return [json.loads(m.group(1)) for m in re.finditer(rf"^(?:\[rank\d+\]: )?{tag} (\{{.*\}})$", text, re.MULTILINE)]
 
 
 def test_user_trainer_script_scontrol_requeue_saves_resumes_one_tracker_run(slurm_cluster, tmp_path, job_guard):

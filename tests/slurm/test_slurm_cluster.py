@@ -21,6 +21,7 @@ from slurm_helpers import (REPO, WORK, heartbeat_step, local_cluster, node_names
                            wait_clean, wait_until)
 from orchestrator.types import JobHandle
 from launchers.slurm.launcher import SlurmJob, SlurmLauncher
+from orchestrator.node.ranklines import split_rank
 from orchestrator.node.rundir import RunDir
 import jobrun
 from orchestrator.errors import ConfigError
@@ -174,7 +175,7 @@ def _prepare_sft(tag: str, *overrides: str):
 
 def _result(run_dir: str) -> dict:
     text = (Path(run_dir) / "logs" / "node0.log").read_text()
-    lines = [ln for ln in text.splitlines() if ln.startswith("ORCHESTRATE_RESULT ")]
+    lines = [t for t in (split_rank(ln)[1] for ln in text.splitlines()) if t.startswith("ORCHESTRATE_RESULT ")]
     assert lines, text[-3000:]
     return json.loads(lines[-1][len("ORCHESTRATE_RESULT "):])
 

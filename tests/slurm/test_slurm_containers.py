@@ -16,6 +16,7 @@ import pytest
 
 import jobrun
 from launchers.slurm.launcher import SlurmLauncher
+from orchestrator.node.ranklines import split_rank
 from orchestrator.node.rundir import RunDir
 from podman_testbed import OFFLINE, containers_of, test_image
 from slurm_helpers import WORK, node_namespace_leftovers, wait_clean, wait_until
@@ -52,7 +53,7 @@ def test_podman_in_the_allocation_completes_and_a_requeue_resumes_past_the_check
     res = jobrun.watch(h, prep.plan, timeout=500)
     assert res.state == "COMPLETED", res
     text = (run_dir / "logs" / "node0.log").read_text()
-    result = [ln for ln in text.splitlines() if ln.startswith("ORCHESTRATE_RESULT ")][-1]
+    result = [t for t in (split_rank(ln)[1] for ln in text.splitlines()) if t.startswith("ORCHESTRATE_RESULT ")][-1]
     m = re.search(r'"resumed_from": "[^"]*checkpoint-(\d+)"', result)
     assert m and int(m.group(1)) >= 20, result[:500]
     assert '"global_step": 300' in result and '"world_size": 2' in result

@@ -14,6 +14,7 @@ import yaml
 
 from helpers import first_step_seen, rank_pids, wait_until
 from ssh_helpers import REPO, agent_info, remote_run_dir, wait_gone
+from orchestrator.node.ranklines import split_rank
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +70,7 @@ def test_two_node_sft_trains_in_sync_and_keeps_secrets(testbed, sft, monkeypatch
     wall = time.monotonic() - t0
     print(f"2-node SFT over SSH: {res.state} in {wall:.1f}s")
     assert res.state == "COMPLETED", res.root_cause
-    result = json.loads(next(line for line in lines if line.startswith("ORCHESTRATE_RESULT "))[19:])
+    result = json.loads(next(t for t in (split_rank(x)[1] for x in lines) if t.startswith("ORCHESTRATE_RESULT "))[19:])
     assert result["world_size"] == 2
     ranks = result["ranks"]
     assert len(ranks) == 2
@@ -165,7 +166,7 @@ def test_two_nodes_two_processes_each_train_in_sync(testbed, sft):
     lines: list[str] = []
     res = _wait(plan, _submit(launcher, sub, local), on_line=lambda r, line: lines.append(line))
     assert res.state == "COMPLETED", res.root_cause
-    result = json.loads(next(line for line in lines if line.startswith("ORCHESTRATE_RESULT "))[19:])
+    result = json.loads(next(t for t in (split_rank(x)[1] for x in lines) if t.startswith("ORCHESTRATE_RESULT "))[19:])
     ranks = result["ranks"]
     assert result["world_size"] == 4 and len(ranks) == 4
     assert len({r["param_sha"] for r in ranks}) == 1, "parameters differ across the 4 ranks"
