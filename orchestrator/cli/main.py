@@ -163,6 +163,8 @@ def cmd_submit(args) -> int:
     from orchestrator import api
     from orchestrator.core.render import summary
     from orchestrator.cli.views import resuming_text, staging_text
+    if not args.job_id:  # (a point of a sweep is submitted with its job id: it runs the file without the sweep)
+        _sweep_from_file(args)
     if args.sweep:
         return _submit_sweep(args)
     for flag, value in (("--max-parallel", args.max_parallel), ("--stop-if-worse", args.stop_if_worse)):
@@ -439,6 +441,26 @@ def cmd_plot(args) -> int:
     path = plot_job(rec.run_dir, args.out or str(Path(rec.run_dir) / "plot.png"), title=rec.id)
     print(f"wrote {path}")
     return 0
+
+
+def _sweep_from_file(args) -> None:
+    """A `sweep:` block in the job file (core.spec.SweepSpec): its grid becomes --sweep options (the command line's
+    replace a key's values or add keys), its max_parallel / stop_if_worse the flags' defaults."""
+    from orchestrator.core.schema import build
+    from orchestrator.core.spec import SweepSpec, read_yaml, sweep_problems
+    from orchestrator.core.sweep import block_options, merge_options
+    data = read_yaml(args.recipe, "recipe")
+    if data.get("sweep") is None:
+        return
+    spec, problems = build(SweepSpec, data["sweep"], "sweep")
+    problems += sweep_problems(spec) if spec is not None else []
+    if problems:
+        raise ConfigError(problems, source=args.recipe)
+    args.sweep = merge_options(block_options(spec.grid), list(args.sweep or []))
+    if args.max_parallel is None:
+        args.max_parallel = spec.max_parallel
+    if args.stop_if_worse is None:
+        args.stop_if_worse = spec.stop_if_worse
 
 
 def _submit_sweep(args) -> int:

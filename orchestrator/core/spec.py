@@ -118,6 +118,40 @@ class NotifySpec:
         return any(event == s or event in NOTIFY_COVERS.get(s, ()) for s in self.on)
 
 
+@dataclass(frozen=True)
+class SweepSpec:
+    """`sweep:` in a job file: `orchestrate submit JOB` runs the grid as `--sweep` options would (docs/CONTRACT.md
+    "Sweeps"): `grid` maps dotted keys to their values (a list; the product of every key's, the last key varying
+    fastest); `max_parallel` and `stop_if_worse` are `--max-parallel` / `--stop-if-worse`. Command-line `--sweep`
+    options replace a key's values or add keys; the command-line flags win. Each point's job runs the file without
+    its sweep."""
+
+    grid: dict[str, Any] = field(default_factory=dict)
+    max_parallel: PosInt | None = None
+    stop_if_worse: float | None = None
+
+
+def sweep_problems(spec: "SweepSpec | None") -> list[Problem]:
+    """What a sweep block may not say: an empty grid, a key that is not a dotted key, a key of no value."""
+    if spec is None:
+        return []
+    from orchestrator.core.sweep import KEY
+    problems = []
+    if not spec.grid:
+        problems.append(Problem("sweep.grid", "give at least one KEY: [values] to sweep"))
+    for key, values in spec.grid.items():
+        if not KEY.match(str(key)):
+            problems.append(Problem(f"sweep.grid.{key}", "must be a dotted key such as trainer.learning_rate"))
+        elif isinstance(values, list) and not values:
+            problems.append(Problem(f"sweep.grid.{key}", "an empty list of values"))
+        elif isinstance(values, dict):
+            problems.append(Problem(f"sweep.grid.{key}", "must be a list of values (a mapping is one value: "
+                                                         "write it as a one-item list)"))
+    if spec.stop_if_worse is not None and not spec.stop_if_worse > 1:
+        problems.append(Problem("sweep.stop_if_worse", f"must be a number > 1, got {spec.stop_if_worse}"))
+    return problems
+
+
 ABSENT: Any = object()  # merge_block's `given` for a job file without the block's key
 
 
@@ -152,7 +186,9 @@ def notify_problems(spec: NotifySpec | None, where: str = "notify", merged: bool
 
 
 def _masked(d: dict[str, Any]) -> dict[str, Any]:
-    """A spec's plain data as it may be written to a file: no `notify` key when there is none, its webhook masked."""
+    """A spec's plain data as it may be written to a file: no `notify` key when there is none, its webhook masked; no
+    `sweep` (a run dir's job is one point, never the grid)."""
+    d.pop("sweep", None)
     if d.get("notify") is None:
         d.pop("notify", None)
     elif d["notify"].get("webhook"):
@@ -187,6 +223,7 @@ class RecipeSpec:
     health: HealthSpec = field(default_factory=HealthSpec)
     container: ContainerSpec | None = None
     notify: NotifySpec | None = None
+    sweep: SweepSpec | None = None
     source: Internal = "<recipe>"
 
     @property
@@ -314,6 +351,7 @@ class RunJobSpec:
     health: HealthSpec = field(default_factory=HealthSpec)
     container: ContainerSpec | None = None
     notify: NotifySpec | None = None
+    sweep: SweepSpec | None = None
     source: Internal = "<recipe>"
     output_dir: Internal = ""  # set by the caller's path resolution: `--output_dir` of the args, or the default
 
@@ -684,6 +722,7 @@ def parse_run_job(data: dict[str, Any], source: str = "<recipe>", trainer_fields
         kinds = dict.fromkeys(fields, "any") if fields is not None and not isinstance(fields, Mapping) else fields
         problems.extend(check_run(run, kinds, trl_commands))
     problems.extend(notify_problems(spec.notify) if spec is not None else [])
+    problems.extend(sweep_problems(spec.sweep) if spec is not None else [])
     if problems:
         raise ConfigError(problems, source=source)
     assert spec is not None
@@ -713,6 +752,7 @@ def parse_recipe(data: dict[str, Any], source: str = "<recipe>",
         trainer, trainer_problems = check_trainer(trainer, kind or "", fields)
         problems.extend(trainer_problems)
     problems.extend(notify_problems(spec.notify) if spec is not None else [])
+    problems.extend(sweep_problems(spec.sweep) if spec is not None else [])
     if problems:
         raise ConfigError(problems, source=source)
     return replace(spec, trainer=trainer or {}, source=source)

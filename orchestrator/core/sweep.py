@@ -11,8 +11,11 @@ a key given twice is an error, as is an empty value list. The grid is the produc
 from __future__ import annotations
 
 import itertools
+import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.errors import ConfigError, Problem
 
@@ -107,3 +110,20 @@ def check_parallel(max_parallel: int | None, points: int) -> int:
         raise ConfigError(Problem("--max-parallel", f"must be an integer >= 1, got {max_parallel}"),
                           source="--max-parallel")
     return min(max_parallel, points)
+
+
+def block_options(grid: Mapping[str, Any]) -> list[str]:
+    """A job file's `sweep.grid` as --sweep options; each value written as JSON, which the dotlist reads back as the
+    same value (a string stays a string: `"cosine"`; a list or mapping stays whole)."""
+    return [f"{key}=" + ",".join(json.dumps(v) for v in (values if isinstance(values, list) else [values]))
+            for key, values in grid.items()]
+
+
+def merge_options(block: list[str], given: list[str]) -> list[str]:
+    """The job file's sweep options and the command line's: a key on both takes the command line's values (in the
+    file's place); the command line's other keys come after."""
+    def key(opt: str) -> str:
+        return opt.partition("=")[0].strip()
+    cli = {key(o): o for o in given}
+    out = [cli.pop(key(o), o) for o in block]
+    return out + [o for o in given if key(o) in cli]

@@ -28,3 +28,51 @@ def test_a_point_is_judged_at_the_latest_step_it_shares_and_nan_stops_it_at_once
     assert c.judge(doc, {1}, 1.5) == {}  # 7.0 at the shared step 2 is within 1.5 x 5.0
     c.loss = {0: {}, 1: {1: float("nan")}}
     assert "nan at step 1" in c.judge(doc, {1}, 1.5)[1]
+
+
+def test_a_sweep_block_is_the_same_grid_and_the_command_line_replaces_or_adds_keys():
+    from omegaconf import OmegaConf
+
+    from orchestrator.core.sweep import block_options, merge_options
+    opts = block_options({"trainer.learning_rate": [1e-5, 3e-4], "trainer.lr_scheduler_type": ["cosine", "a,b"],
+                          "trainer.lr_scheduler_kwargs": [{"min_lr": 0.1}]})
+    pts = expand(opts)
+    assert len(pts) == 4 and pts[0].overrides[0] == "trainer.learning_rate=1e-05"
+    # every value reads back through the dotlist as written in the file (a string with a comma stays one string)
+    back = OmegaConf.to_container(OmegaConf.from_dotlist(list(pts[1].overrides)))
+    assert back == {"trainer": {"learning_rate": 1e-5, "lr_scheduler_type": "a,b",
+                                "lr_scheduler_kwargs": {"min_lr": 0.1}}}
+    merged = merge_options(opts, ["trainer.learning_rate=1e-3", "trainer.seed=1,2"])
+    assert [o.partition("=")[0] for o in merged] == ["trainer.learning_rate", "trainer.lr_scheduler_type",
+                                                     "trainer.lr_scheduler_kwargs", "trainer.seed"]
+    assert merged[0] == "trainer.learning_rate=1e-3"
+
+
+def test_a_job_file_with_a_sweep_block_plans_every_point_and_bad_blocks_are_named(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import OFFLINE_ENV, REPO
+    base = (REPO / "recipes/configs/sft_tiny.yaml").read_text()
+    env = {"ORCHESTRATE_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", **OFFLINE_ENV}
+
+    def submit(block: str, *extra: str):
+        job = tmp_path / "job.yaml"
+        job.write_text(base + "\n" + block)
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(job), "--nodes", "2",
+                               "--dry-run", *extra], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    ok = submit("sweep:\n  grid: {trainer.learning_rate: [1.0e-4, 3.0e-4], trainer.seed: [1, 2]}\n  max_parallel: 2\n",
+                "--sweep", "trainer.seed=5")
+    assert ok.returncode == 0, ok.stderr
+    lines = [ln.split(None, 1)[1] for ln in ok.stdout.splitlines() if ln.startswith("  p")]
+    assert lines == ["trainer.learning_rate=0.0001 trainer.seed=5", "trainer.learning_rate=0.0003 trainer.seed=5"]
+    for block, key in (("sweep:\n  grid: {}\n", "sweep.grid"), ("sweep:\n  grid: {'9bad': [1]}\n", "sweep.grid.9bad"),
+                       ("sweep:\n  grid: {trainer.seed: []}\n", "sweep.grid.trainer.seed"),
+                       ("sweep:\n  grid: {trainer.seed: [1]}\n  max_parallel: 0\n", "sweep.max_parallel"),
+                       ("sweep:\n  grid: {trainer.seed: [1]}\n  stop_if_worse: 0.5\n", "sweep.stop_if_worse"),
+                       ("sweep:\n  grid: {trainer.seed: [1]}\n  paralel: 2\n", "sweep.paralel")):
+        bad = submit(block)
+        assert bad.returncode == 2 and key in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, \
+            (block, bad.stderr)
+    bad_point = submit("sweep:\n  grid: {trainer.learning_rate: [1.0e-4, fast]}\n")
+    assert bad_point.returncode == 2 and "point p1" in bad_point.stderr and "learning_rate" in bad_point.stderr
