@@ -70,8 +70,8 @@ def test_run_block_is_declared_once_as_a_dataclass():
     r = rules(RunSpec)
     assert set(r) == {"script", "module", "trl", "args"} and not any(x.required for x in r.values())
     assert r["args"].kind == "run_args" and r["module"].kind == "opt_module_name"
-    assert set(rules(RunJobSpec)) == {"run", "checkpoint", "outputs", "launch", "health", "container", "notify", "sweep",
-                                      "source", "output_dir"}
+    assert set(rules(RunJobSpec)) == {"run", "checkpoint", "outputs", "launch", "health", "container", "notify",
+                                      "sweep", "source", "output_dir"}
     assert rules(RunJobSpec)["source"].internal and rules(RunJobSpec)["output_dir"].internal
 
 
