@@ -38,6 +38,7 @@ from orchestrator.core.sweep import Point, check_parallel, expand, point_job_id
 from orchestrator.errors import ConfigError, Problem
 
 SWEEPS = "sweeps"
+WAITING = ("PENDING", "REQUEUED", "CONFIGURING")  # an array task's SLURM states before it runs (squeue)
 
 
 def sweeps_dir() -> Path:
@@ -225,11 +226,14 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
                 if slurm and time.monotonic() >= next_look and not cancel.is_set():
                     next_look = time.monotonic() + 1.0
                     tasks = api.array_tasks(first.cluster, str(doc["slurm_array"]))
-                while pending and not cancel.is_set() and (
-                        len(procs) < parallel if not slurm else tasks is not None and
-                        tasks.get(pending[0][0].index) not in ("PENDING", "REQUEUED", "CONFIGURING")):
-                    # (SLURM: its array task started, or ended already: its supervisor watches it from its start)
-                    point, overrides, _, _ = pending.pop(0)
+                for item in list(pending):
+                    if cancel.is_set() or (not slurm and len(procs) >= parallel):
+                        break
+                    if slurm and tasks is not None and tasks.get(item[0].index) in WAITING:
+                        continue  # (SLURM: once its task started, or ended already, its supervisor watches it from
+                        # its start; squeue not answering: it is started at once and watches the task wait)
+                    pending.remove(item)
+                    point, overrides, _, _ = item
                     jid = point_job_id(sweep_id, point)
                     rec = JobStore().get(jid) if slurm else None
                     if rec is not None and is_terminal(rec.state):  # (cancelled on its own before its task started)

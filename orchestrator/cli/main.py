@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--adopt", default=None, help=argparse.SUPPRESS)  # (a SLURM sweep's point: its array task's handle)
     s.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
                    help="run a grid: one job per combination of the values (repeat for more keys); every point is "
-                        "planned first, then run at most --max-parallel at once (local and SSH clusters)")
+                        "planned first, then run at most --max-parallel at once (on SLURM: one --array job)")
     s.add_argument("--max-parallel", type=int, default=None, help="with --sweep: points running at once (default all)")
     s.add_argument("--stop-if-worse", type=float, default=None, metavar="X",
                    help="with --sweep: cancel a point whose loss is NaN or above X times the best point's at the same "
@@ -443,7 +443,7 @@ def _submit_sweep(args) -> int:
         if first.cluster.kind == "slurm":  # ONE array job: its script, as `submit` would write and sbatch it
             from orchestrator.core.sweep import check_parallel
             parallel = check_parallel(args.max_parallel, len(planned))
-            print(f"SLURM: one array job, {sweep.sweep_folder(first, sweep_id)}/job.sbatch:")
+            print(f"SLURM: one array job; submit writes it to {sweep.sweep_folder(first, sweep_id)}/job.sbatch:")
             print(sweep.array_script(sweep_id, planned, first, parallel), end="")
         return 0
     return sweep.run(args, args.sweep, say=lambda line: print(line, flush=True))
