@@ -159,3 +159,50 @@ def test_cancel_of_a_slurm_sweep_scancels_the_array(slurm_cluster, tmp_path):
             proc.kill()
         if array:
             subprocess.run(["scancel", array], capture_output=True, timeout=30)
+
+
+def test_each_array_task_has_its_own_requeue_budget(slurm_cluster):
+    """Two points as one array (the launcher's submit_array, trivial payload): USR2 to both tasks (SLURM's preemption
+    notice). p0 (health.max_restarts 1) saves, is requeued and resumes from its save to the end; p1 (budget 0) saves
+    and is not requeued: the budget is each task's own (its SLURM_RESTART_COUNT, its restarts.jsonl)."""
+    from dataclasses import replace
+
+    import jobrun
+    from launchers.slurm.launcher import SlurmLauncher
+    from launchers.slurm.sbatch import render_array_sbatch
+    from orchestrator.core.health import HealthSpec
+    from orchestrator.node.rundir import RunDir
+    from slurm_helpers import heartbeat_step, local_cluster, trivial_plan
+    cluster = local_cluster()
+    launcher = SlurmLauncher(cluster)
+    plans = []
+    for i, budget in enumerate((1, 0)):
+        plan = trivial_plan(f"arr{i}", ["60", "--sleep", "0.1", "--save-dir", "CKPT"])
+        ckpt = str(Path(plan.run_dir) / "ckpt")
+        plan = replace(plan, health=HealthSpec(max_restarts=budget), node_plans=tuple(
+            replace(n, command=tuple(ckpt if a == "CKPT" else a for a in n.command)) for n in plan.node_plans))
+        (Path(plan.run_dir) / "plan.json").write_text(plan.to_json())
+        plans.append(plan)
+    folder = WORK / "sweeps" / f"arr-{time.time_ns()}"
+    script = render_array_sbatch([(p, cluster.slurm) for p in plans], 2, folder.name, str(folder))
+    array, handles = launcher.submit_array([launcher.prepare(p) for p in plans], [RunDir(p.run_dir) for p in plans],
+                                           parallel=2, name=folder.name, folder=folder, script=script)
+    try:
+        assert [h.uri for h in handles] == [f"slurm://{array}_0", f"slurm://{array}_1"]
+        for p in plans:
+            wait_until(lambda p=p: heartbeat_step(p.run_dir) >= 10, 90, "both tasks at step 10")
+        for h in handles:
+            subprocess.run(["scancel", "--signal=USR2", h.data["job_id"]], check=True)
+        results = [jobrun.watch(launcher.adopt(h, RunDir(p.run_dir)), p, timeout=180)
+                   for h, p in zip(handles, plans, strict=True)]
+        decisions = [[json.loads(x)["decision"] for x in (Path(p.run_dir) / "restarts.jsonl").read_text().splitlines()]
+                     for p in plans]
+        assert decisions[0] == ["restart"] and "restart" not in decisions[1], decisions
+        log0 = (Path(plans[0].run_dir) / "logs" / "node0.log").read_text()
+        assert "payload: resumed from step" in log0 and "payload: node 0 done at step 60" in log0, log0[-2000:]
+        assert results[0].state == "COMPLETED", results[0]
+        assert "payload: node 0 done" not in (Path(plans[1].run_dir) / "logs" / "node0.log").read_text()
+        assert [launcher.query(h)["restarts"] for h in handles] == [1, 0]
+    finally:
+        subprocess.run(["scancel", array], capture_output=True, timeout=30)
+    assert wait_clean(15) == {}, node_namespace_leftovers()
