@@ -553,32 +553,50 @@ def write_files(files: dict[str, str], out_dir: Path) -> None:
     RunDir(out_dir).write_files(files)
 
 
-def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = None,
-           on_beat: Callable[[dict], None] | None = None, on_event: Callable[[str, dict], None] | None = None,
-           supervisor: Supervisor | None = None, wait: bool = True) -> JobResult:
-    """Write the run dir, record the job, run it under the one Supervisor, restart by the one RestartPolicy, record
-    the end. `supervisor` lets the caller keep a handle to cancel it (signal handlers). Hosts or GPUs leased by another
-    job (LeasesBusy): the job waits QUEUED and tries again (`wait_for_leases`); `wait=False`: LeasesBusy is raised at
-    once (the job recorded CANCELLED, nothing started)."""
+def _record_new(prepared: Prepared, store, state: str = "PENDING") -> RunDir:
+    """The job's run dir written (with its cluster.json) and its record created."""
     from orchestrator.core.spec import cluster_to_dict
-    from orchestrator.store import JobStore, digest
-    from orchestrator.store import StoreError
+    from orchestrator.store import StoreError, digest
     plan = prepared.plan
     rd = RunDir(plan.run_dir)
     fresh = not rd.root.exists()
     try:
         write_files(dict(prepared.files, **{RunDir.CLUSTER: json.dumps(cluster_to_dict(prepared.cluster), indent=2,
                                                                        sort_keys=True) + "\n"}), rd.root)
-        store = JobStore()
         store.create(job_id=plan.job_id, recipe=prepared.recipe.source,
                      recipe_digest=digest(prepared.files["recipe.yaml"]), cluster=prepared.cluster.name,
-                     backend=prepared.cluster.kind, nodes=plan.nodes, world_size=plan.world_size, run_dir=str(rd.root))
+                     backend=prepared.cluster.kind, nodes=plan.nodes, world_size=plan.world_size, run_dir=str(rd.root),
+                     state=state)
     except (OSError, StoreError) as e:  # (a full disk, a read-only home): refused, and no half-written run dir left
         if fresh:
             import shutil
             shutil.rmtree(rd.root, ignore_errors=True)
-        why = e.one_line() if isinstance(e, StoreError) else f"cannot write the run dir: {write_error(e)}"
-        raise PreflightError(Problem("", f"job {plan.job_id} not submitted: {why}")) from None
+        raise PreflightError(Problem("", f"job {plan.job_id} not submitted: {_why_not_written(e)}")) from None
+    return rd
+
+
+def _why_not_written(e: Exception) -> str:
+    from orchestrator.store import StoreError
+    return e.one_line() if isinstance(e, StoreError) else f"cannot write the run dir: {write_error(e)}"
+
+
+def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = None,
+           on_beat: Callable[[dict], None] | None = None, on_event: Callable[[str, dict], None] | None = None,
+           supervisor: Supervisor | None = None, wait: bool = True, adopt: JobHandle | None = None) -> JobResult:
+    """Write the run dir, record the job, run it under the one Supervisor, restart by the one RestartPolicy, record
+    the end. `supervisor` lets the caller keep a handle to cancel it (signal handlers). Hosts or GPUs leased by another
+    job (LeasesBusy): the job waits QUEUED and tries again (`wait_for_leases`); `wait=False`: LeasesBusy is raised at
+    once (the job recorded CANCELLED, nothing started). `adopt`: the first attempt was submitted already (a SLURM
+    sweep's array task, `submit_array`: its run dir and record exist): it is watched, not submitted; a restart is a
+    submission of its own. A run dir or record that cannot be written (a full disk): PreflightError, nothing left."""
+    from orchestrator.store import JobStore, StoreError
+    plan = prepared.plan
+    try:
+        store = JobStore()
+    except StoreError as e:
+        raise PreflightError(Problem("", f"job {plan.job_id} not submitted: {_why_not_written(e)}")) from None
+    known = store.get(plan.job_id) if adopt is not None else None
+    rd = RunDir(plan.run_dir) if known is not None and known.id == plan.job_id else _record_new(prepared, store)
     sup = supervisor or Supervisor(plan)
     sup.on_line, sup.on_beat = on_line or sup.on_line, on_beat or sup.on_beat
     notifier = _notifier(prepared, rd, sup, on_event)
@@ -598,7 +616,8 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
                 result = JobResult(JobState.CANCELLED, 130, sup.cancel_reason)
                 break
             try:
-                result = _run_once(prepared, launcher, sup, store, rd, attempt, emit)
+                result = _run_once(prepared, launcher, sup, store, rd, attempt, emit,
+                                   adopt=adopt if attempt == 0 else None)
                 if lost_lease_race(result):  # an agent found its host/GPU taken after the look: wait again
                     raise LeasesBusy([], result.root_cause.split("LeaseBusy: ", 1)[-1].splitlines()[0])
             except LeasesBusy as e:
@@ -676,6 +695,52 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
             notifier.finished(result)
         notifier.close()
     return result
+
+
+def submit_array(prepared: list[Prepared], *, parallel: int, name: str, folder: str, script: str,
+                 cancel=None) -> tuple[str, list[JobHandle]]:
+    """A sweep's points on SLURM as ONE array job (launchers.slurm SlurmLauncher.submit_array): every point's run dir
+    written and its job recorded (PENDING) first, then one sbatch; each record gets its array task's handle. Nothing
+    watches them here: each point's supervisor is `submit(..., adopt=handle)`. A cancel during the check, or a failed
+    sbatch: every point recorded CANCELLED / FAILED with why, and the error raised."""
+    from orchestrator.store import JobStore
+    store = JobStore()
+    rds = [_record_new(p, store) for p in prepared]
+    launcher = launcher_for(prepared[0].cluster)
+    subs = [launcher.prepare(replace(p.plan, submitter=submitter())) for p in prepared]
+    try:
+        array, handles = launcher.submit_array(subs, rds, parallel=parallel, name=name, folder=Path(folder),
+                                               script=script, cancel=cancel)
+    except BaseException as e:
+        state, code = (JobState.CANCELLED, 130) if isinstance(e, (SubmitCancelled, KeyboardInterrupt)) else \
+            (JobState.FAILED, 1)
+        why = f"the sweep's array job was not submitted: {e}"[:500]
+        for p in prepared:
+            store.update(p.plan.job_id, state, detail=why, root_cause=why, exit_code=code, final=True)
+        raise
+    for p, rd, h in zip(prepared, rds, handles, strict=True):
+        rd.write_json(RunDir.HANDLE, {"uri": h.uri, "data": h.data})
+        store.update(p.plan.job_id, handle=h.uri)
+    return array, handles
+
+
+def array_tasks(cluster: ClusterSpec, array: str) -> dict[int, str] | None:
+    """{task: SLURM state} of a SLURM array's tasks still listed by the controller (None: it cannot tell)."""
+    return launcher_for(cluster).array_tasks(array)
+
+
+def cluster_of(run_dir: str) -> ClusterSpec:
+    """The cluster a job ran on, from its run dir (cluster.json)."""
+    from orchestrator.core.spec import cluster_from_dict
+    data = RunDir(run_dir).read_json(RunDir.CLUSTER)
+    if not isinstance(data, dict):
+        raise OrchestratorError(f"run dir {run_dir} has no readable {RunDir.CLUSTER}")
+    return cluster_from_dict(data)
+
+
+def cancel_array(cluster: ClusterSpec, array: str) -> None:
+    """scancel a sweep's whole array job: its running tasks and those not started yet."""
+    launcher_for(cluster).cancel(JobHandle(f"slurm://{array}"))
 
 
 QUEUE_POLL_S = 3.0  # a QUEUED job looks again this often (docs/CONTRACT.md "Leases")
@@ -830,8 +895,14 @@ def restart_count(rd: RunDir) -> int:
     return rd.restarts()
 
 
-def _run_once(prepared: Prepared, launcher, sup: Supervisor, store, rd: RunDir, attempt: int, on_event) -> JobResult:
+def _run_once(prepared: Prepared, launcher, sup: Supervisor, store, rd: RunDir, attempt: int, on_event,
+              adopt: JobHandle | None = None) -> JobResult:
     plan = prepared.plan
+    if adopt is not None:  # submitted already (a SLURM sweep's array task): its records are this attempt's own
+        if sup.cancel.is_set():
+            launcher.cancel(adopt, rd)
+            return JobResult(JobState.CANCELLED, 130, sup.cancel_reason)
+        return _watch(launcher.adopt(adopt, rd), plan, sup, store, rd, attempt, on_event)
     for r in range(plan.nodes):  # an earlier attempt's records must not speak for this one
         for path in (rd.exit_file(r), rd.agent_file(r)):
             path.unlink(missing_ok=True)
@@ -849,6 +920,11 @@ def _run_once(prepared: Prepared, launcher, sup: Supervisor, store, rd: RunDir, 
         if not getattr(e, "bad_hosts", None):  # (hosts a spare may replace: the caller decides, and records)
             store.update(plan.job_id, JobState.FAILED, detail=str(e)[:500], root_cause=str(e)[:500])
         raise
+    return _watch(running, plan, sup, store, rd, attempt, on_event)
+
+
+def _watch(running, plan: LaunchPlan, sup: Supervisor, store, rd: RunDir, attempt: int, on_event) -> JobResult:
+    """The submitted attempt recorded (RUNNING, its handle) and supervised to its end."""
     store.update(plan.job_id, JobState.RUNNING, handle=running.handle.uri)
     try:
         rd.write_json(RunDir.HANDLE, {"uri": running.handle.uri, "data": running.handle.data})

@@ -10,8 +10,14 @@ starts the next point when one ends, and on Ctrl-C / SIGTERM / SIGHUP (or `orche
 more and cancels the running ones. `orchestrate sweep SWEEP_ID` prints the points sorted by their final loss (rank
 0's last logged loss). With --stop-if-worse X a running point whose loss is NaN, or above X times the best loss
 another point had at the same step, is cancelled and recorded as stopped early (the sweep still succeeds). Local and
-SSH clusters (on SSH, points wait for each other's hosts through the hosts' leases where those exist); SLURM sweeps
-as one array job are not built: refused with a clear line.
+SSH clusters (on SSH, points wait for each other's hosts through the hosts' leases where those exist).
+
+On SLURM the sweep is ONE array job (`sbatch --array=0-N%P`, one sbatch: api.submit_array, the SLURM launcher's
+submitit path): every point's run dir and record are written first (PENDING), then array task i runs point p<i> in an
+allocation of its own, at most P at once (SLURM's own throttle), each with its own requeue budget. The runner then
+watches the array (squeue) and, as each task leaves PENDING, starts that point's supervisor: `orchestrate submit ...
+--job-id <sweep id>-p<i> --adopt slurm://<array>_<i>`, the same submit as above except that it watches the task
+instead of submitting one. Cancelling the sweep scancels the whole array (tasks not started included).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from orchestrator.core.sweep import Point, check_parallel, expand, point_job_id
 from orchestrator.errors import ConfigError, Problem
 
 SWEEPS = "sweeps"
+WAITING = ("PENDING", "REQUEUED", "CONFIGURING")  # an array task's SLURM states before it runs (squeue)
 
 
 def sweeps_dir() -> Path:
@@ -73,18 +80,15 @@ def _output_override(prepared, point_dir: str) -> str | None:
     return None
 
 
-def plan_points(args, options: list[str]) -> tuple[str, list[tuple[Point, list[str]]], Any]:
-    """(sweep id, [(point, its overrides, its run dir)], the first point's Prepared): every point planned, every
-    problem named."""
+def plan_points(args, options: list[str]) -> tuple[str, list[tuple[Point, list[str], str, Any]], Any]:
+    """(sweep id, [(point, its overrides, its run dir, its Prepared)], the first point's Prepared): every point
+    planned, every problem named (on SLURM also what keeps the points from being one array job)."""
     from orchestrator import api
     points = expand(options)
     sweep_id = new_sweep_id()
     base = api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
                        profile=args.profile, overrides=list(args.overrides), job_id=sweep_id,
                        judge_checkpoints=False)  # (only its output dir is used: each point's own is judged)
-    if base.cluster.kind == "slurm":
-        raise ConfigError(Problem("--sweep", "a sweep on SLURM (one --array job) is not built yet; submit the points "
-                                             "one by one, or sweep on a local or SSH cluster"), source=args.cluster)
     planned, problems, first = [], [], None
     for point in points:
         jid = point_job_id(sweep_id, point)
@@ -102,14 +106,33 @@ def plan_points(args, options: list[str]) -> tuple[str, list[tuple[Point, list[s
                          for p in e.problems]
             continue
         first = first or prepared
-        planned.append((point, overrides, prepared.plan.run_dir))
+        planned.append((point, overrides, prepared.plan.run_dir, prepared))
     if problems:
         raise ConfigError(problems, source=args.recipe)
+    if base.cluster.kind == "slurm":
+        from launchers.slurm.sbatch import array_problems
+        problems = array_problems([(p.plan, p.cluster.slurm) for *_, p in planned])
+        if problems:
+            raise ConfigError(problems, source=args.recipe)
     return sweep_id, planned, first
 
 
-def _child_argv(args, overrides: list[str], job_id: str) -> list[str]:
+def sweep_folder(first, sweep_id: str) -> str:
+    """A SLURM sweep's own dir on the shared filesystem: SLURM_WORKDIR/sweeps/<sweep id> (the array's job.sbatch,
+    SLURM's output per task, submitit's files)."""
+    return str(Path(first.cluster.slurm.workdir).expanduser() / SWEEPS / sweep_id)
+
+
+def array_script(sweep_id: str, planned, first, parallel: int) -> str:
+    """The sweep's ONE array job script (launchers.slurm.sbatch.render_array_sbatch): SWEEP_DIR/job.sbatch."""
+    from launchers.slurm.sbatch import render_array_sbatch
+    return render_array_sbatch([(p.plan, p.cluster.slurm) for *_, p in planned], parallel, sweep_id,
+                               sweep_folder(first, sweep_id))
+
+
+def _child_argv(args, overrides: list[str], job_id: str, adopt: str | None = None) -> list[str]:
     argv = [sys.executable, "-m", "orchestrator.cli", "submit", str(args.recipe), *overrides, "--job-id", job_id]
+    argv += ["--adopt", adopt] if adopt else []
     for flag, value in (("--nodes", args.nodes), ("--procs-per-node", args.procs_per_node),
                         ("--profile", args.profile), ("--cluster", args.cluster)):
         if value is not None:
@@ -124,16 +147,21 @@ def _child_argv(args, overrides: list[str], job_id: str) -> list[str]:
 def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
     """Plan every point, then run them at most --max-parallel at once. Exit 0 when every point COMPLETED, 130 when
     cancelled, else 1."""
+    from orchestrator import api
     from orchestrator.store import JobStore
+    from orchestrator.types import is_terminal
     sweep_id, planned, first = plan_points(args, options)
     parallel = check_parallel(args.max_parallel, len(planned))
+    slurm = first.cluster.kind == "slurm"
     JobStore()  # the store exists (schema, WAL mode) before points start at once: a new store made by two submits at
     # the same moment could answer one of them 'database is locked' before its job existed
     doc = {"id": sweep_id, "created": time.time(), "job_file": str(args.recipe), "cluster": args.cluster,
            "overrides": list(args.overrides), "options": list(options), "max_parallel": parallel,
            "runner_pid": os.getpid(), "points": [{"index": p.index, "overrides": list(p.overrides),
                                                   "job_id": point_job_id(sweep_id, p), "run_dir": rd}
-                                                 for p, _, rd in planned]}
+                                                 for p, _, rd, _ in planned]}
+    if slurm:
+        doc.update(backend="slurm", slurm_array=None, sbatch=str(Path(sweep_folder(first, sweep_id), "job.sbatch")))
     _write_sweep(doc)
     say(f"sweep {sweep_id}: {len(planned)} point(s), at most {parallel} at once "
         f"(orchestrate sweep {sweep_id}; orchestrate cancel {sweep_id})")
@@ -144,6 +172,8 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
 
     def stop(_sig=None, _frame=None) -> None:
         cancel.set()
+        if doc.get("slurm_array"):
+            threading.Thread(target=_scancel_array, args=(first.cluster, doc["slurm_array"]), daemon=True).start()
         with lock:
             for p in procs.values():
                 if p.poll() is None:
@@ -169,8 +199,21 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
     pending = list(planned)
     readers: list[threading.Thread] = []
     curves = Curves()
-    next_judge = 0.0
+    next_judge = next_look = 0.0
+    handles: dict[int, str] = {}
+    tasks: dict[int, str] | None = None
     try:
+        if slurm:  # ONE array job: every point's record and run dir, then one sbatch
+            array, hs = api.submit_array([p for *_, p in planned], parallel=parallel, name=sweep_id,
+                                         folder=sweep_folder(first, sweep_id),
+                                         script=array_script(sweep_id, planned, first, parallel), cancel=cancel)
+            handles = {p.index: h.uri for (p, *_), h in zip(planned, hs, strict=True)}
+            doc["slurm_array"] = array
+            _write_sweep(doc)
+            say(f"sweep {sweep_id}: SLURM array job {array} (--array=0-{len(planned) - 1}%{parallel}: one sbatch, "
+                f"task i = point p<i>; {doc['sbatch']})")
+            if cancel.is_set():  # (asked while sbatch answered)
+                _scancel_array(first.cluster, array)
         while (pending or procs) and not (cancel.is_set() and not procs):
             with lock:
                 for i, p in list(procs.items()):
@@ -182,13 +225,26 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
                     for i, why in curves.judge(doc, set(procs), float(args.stop_if_worse)).items():
                         _stop_early(doc, i, why, procs[i])
                         say(f"sweep {sweep_id}: p{i} stopped early: {why}")
-                while pending and len(procs) < parallel and not cancel.is_set():
-                    point, overrides, _ = pending.pop(0)
+                if slurm and time.monotonic() >= next_look and not cancel.is_set():
+                    next_look = time.monotonic() + 1.0
+                    tasks = api.array_tasks(first.cluster, str(doc["slurm_array"]))
+                for item in list(pending):
+                    if cancel.is_set() or (not slurm and len(procs) >= parallel):
+                        break
+                    if slurm and tasks is not None and tasks.get(item[0].index) in WAITING:
+                        continue  # (SLURM: once its task started, or ended already, its supervisor watches it from
+                        # its start; squeue not answering: it is started at once and watches the task wait)
+                    pending.remove(item)
+                    point, overrides, _, _ = item
                     jid = point_job_id(sweep_id, point)
-                    say(f"sweep {sweep_id}: starting p{point.index} ({point.label()}) as job {jid}")
-                    p = subprocess.Popen(_child_argv(args, overrides, jid), stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True, errors="replace",
-                                         start_new_session=True)
+                    rec = JobStore().get(jid) if slurm else None
+                    if rec is not None and is_terminal(rec.state):  # (cancelled on its own before its task started)
+                        continue
+                    say(f"sweep {sweep_id}: starting p{point.index} ({point.label()}) as job {jid}"
+                        + (f" (array task {handles[point.index].rpartition('/')[2]})" if slurm else ""))
+                    p = subprocess.Popen(_child_argv(args, overrides, jid, handles.get(point.index)),
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                         errors="replace", start_new_session=True)
                     procs[point.index] = p
                     t = threading.Thread(target=pump, args=(point.index, p), daemon=True)
                     t.start()
@@ -199,6 +255,10 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
             signal.signal(s, h)
         for t in readers:
             t.join(5)
+    if slurm:  # points whose supervisor never started (the sweep was cancelled first): their end, from SLURM
+        for pt in doc["points"]:
+            if pt["index"] not in codes:
+                _settle(pt["job_id"], cancel.is_set(), doc["id"])
     for pt in doc["points"]:  # a point whose submit ended before its job existed: say why, in the table too
         i = pt["index"]
         if i in codes and JobStore().get(pt["job_id"]) is None:
@@ -210,6 +270,34 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
     if cancel.is_set():
         return 130
     return 0 if all(r["state"] == "COMPLETED" or r.get("stopped_early") for r in states) else 1
+
+
+def _scancel_array(cluster, array: str) -> None:
+    from orchestrator import api
+    try:
+        api.cancel_array(cluster, array)
+    except Exception:  # noqa: BLE001 - the array may have ended already; each point's supervisor cancels its own
+        pass
+
+
+def _settle(job_id: str, cancelled: bool, sweep_id: str) -> None:
+    """A SLURM point nobody supervised: its end as SLURM tells it (api.reconcile), else CANCELLED with the sweep."""
+    from orchestrator import api
+    from orchestrator.store import JobStore
+    from orchestrator.types import is_terminal
+    rec = JobStore().get(job_id)
+    if rec is None or is_terminal(rec.state):
+        return
+    for _ in range(20 if cancelled else 1):  # (scancel reaches the accounting a moment later)
+        try:
+            rec, _st = api.reconcile(rec)
+        except Exception:  # noqa: BLE001 - the record stays as it is; `status` asks again
+            return
+        if is_terminal(rec.state) or not cancelled:
+            return
+        time.sleep(0.25)
+    why = f"sweep {sweep_id} was cancelled before this point started"
+    JobStore().update(job_id, "CANCELLED", detail=why, root_cause=why, exit_code=130, final=True)
 
 
 class Curves:
@@ -307,10 +395,17 @@ def _losses(run_dir: str) -> tuple[float | None, float | None, int | None]:
 def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per point: overrides, job, state, step, final and best loss; sorted by final loss (none last)."""
     from orchestrator.store import JobStore
+    from orchestrator import api
+    from orchestrator.types import is_terminal
     store = JobStore()
     rows = []
     for pt in doc.get("points") or []:
         rec = store.get(pt["job_id"])
+        if rec is not None and not is_terminal(rec.state) and doc.get("backend") == "slurm":
+            try:  # (no runner left: SLURM says how each point stands, and its end is recorded)
+                rec = api.reconcile(rec)[0]
+            except Exception:  # noqa: BLE001 - the table shows what the store knows
+                pass
         final = best = step = None
         if rec is not None:
             final, best, step = _losses(rec.run_dir)
@@ -353,6 +448,11 @@ def cancel(doc: dict[str, Any]) -> dict[str, str]:
     from orchestrator import api
     from orchestrator.store import JobStore
     from orchestrator.types import is_terminal
+    if doc.get("slurm_array"):  # the whole array first: no task starts any more, the running ones end
+        try:
+            api.cancel_array(api.cluster_of(doc["points"][0]["run_dir"]), str(doc["slurm_array"]))
+        except Exception:  # noqa: BLE001 - ended already; each point is cancelled below as well
+            pass
     pid = doc.get("runner_pid")
     if isinstance(pid, int) and pid > 0 and _is_runner(pid, doc):
         try:
@@ -367,8 +467,25 @@ def cancel(doc: dict[str, Any]) -> dict[str, str]:
         elif is_terminal(rec.state):
             out[pt["job_id"]] = rec.state
         else:
-            out[pt["job_id"]] = api.cancel(rec.id)
+            out[pt["job_id"]] = _cancel_point(rec)
     return out
+
+
+def _cancel_point(rec) -> str:
+    """api.cancel of one point; a SLURM task the array's scancel is ending already may refuse a second scancel: its
+    end is then what SLURM says within a few seconds."""
+    from orchestrator import api
+    from orchestrator.errors import OrchestratorError
+    from orchestrator.types import is_terminal
+    try:
+        return api.cancel(rec.id)
+    except OrchestratorError:
+        for _ in range(40):
+            time.sleep(0.25)
+            rec = api.reconcile(rec)[0]
+            if is_terminal(rec.state):
+                return rec.state
+        raise
 
 
 _POINT = re.compile(r"^(sweep-\d{8}-\d{6}-[0-9a-f]{4})-p(\d+)$")

@@ -66,9 +66,10 @@ def map_state(raw: str) -> tuple[str, bool, str]:
 
 def job_id_of(handle: JobHandle | str) -> str:
     uri = handle.uri if isinstance(handle, JobHandle) else handle
-    m = re.fullmatch(r"slurm://(\d+)", uri.strip())
+    m = re.fullmatch(r"slurm://(\d+(?:_\d+)?)", uri.strip())
     if not m:
-        raise ConfigError(Problem("job", f"not a SLURM job handle: {uri!r} (expected slurm://<jobid>)"))
+        raise ConfigError(Problem("job", f"not a SLURM job handle: {uri!r} (expected slurm://<jobid>, or "
+                                         "slurm://<array job id>_<task> for a sweep's point)"))
     return m.group(1)
 
 
@@ -102,6 +103,33 @@ def own_session_executor() -> type:
             apart = shutil.which("setsid") is not None and \
                 signal.getsignal(signal.SIGINT) is not signal.default_int_handler
             return ["setsid", *argv] if apart else argv  # (not a group leader: setsid execs, no fork to wait for)
+
+        def submit_array(self, fns: list) -> list:
+            """ONE sbatch `--array=0-N%P` (P: the parameter array_parallelism), task i running fns[i]: submitit's
+            own array path (SlurmExecutor._internal_process_submissions, as `executor.batch()` takes it), with this
+            class's sbatch (a session of its own), and an array also for one task (submitit submits that as a
+            plain job). Returns the tasks' submitit jobs (ids `<array job id>_<i>`)."""
+            import uuid
+            from submitit.core import utils
+            folder = utils.JobPaths.get_first_id_independent_folder(self.folder)
+            folder.mkdir(parents=True, exist_ok=True)
+            pickles = []
+            for fn in fns:
+                delayed = utils.DelayedSubmission(fn)
+                delayed.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
+                path = folder / f"{uuid.uuid4().hex}.pkl"
+                delayed.dump(path)
+                pickles.append(path)
+            array = type(self)(self.folder, self.max_num_timeout, python=self.python)
+            array.update_parameters(**self.parameters)
+            array.parameters["map_count"] = len(fns)
+            first = array._submit_command(array._submitit_command_str)
+            tasks = list(range(first.num_tasks))
+            jobs = [submitit.slurm.slurm.SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{i}", tasks=tasks)
+                    for i in range(len(fns))]
+            for job, path in zip(jobs, pickles, strict=True):
+                job.paths.move_temporary_file(path, "submitted_pickle")
+            return jobs
 
     return OwnSessionExecutor
 
@@ -264,6 +292,71 @@ class SlurmLauncher:
                                                        "nodes": submission.extra.get("nodes")})
         return SlurmJob(self, handle, run_dir, int(submission.extra.get("nodes") or len(submission.nodes)))
 
+    def submit_array(self, submissions: list[Submission], run_dirs: list[RunDir], *, parallel: int, name: str,
+                     folder: Path, script: str, cancel: threading.Event | None = None) -> tuple[str, list[JobHandle]]:
+        """A sweep's points as ONE array job through the same submitit path as one job (`submit`): one sbatch
+        `--array=0-N%P` (at most `parallel` tasks running at once), task i an allocation of its own running point i's
+        node agents (AgentTask) on its run dir, with its own restart budget (SLURM_RESTART_COUNT is the task's).
+        FOLDER/job.sbatch (the array script `script`, render_array_sbatch: what a user submits by hand) is written and
+        checked with `sbatch --test-only` first. Returns (array job id, each task's handle `slurm://<array>_<i>`)."""
+        if any(sub.extra.get("pyxis") for sub in submissions):
+            raise ConfigError(Problem("container.runtime", "a pyxis container is not built for a sweep's array job"))
+        for sub, rd in zip(submissions, run_dirs, strict=True):
+            rd.mkdir(RunDir.LOGS)
+            rd.write_files(sub.files)
+        sweep = RunDir(folder)
+        sweep.mkdir()
+        sweep.write_text(RunDir.SBATCH, script)
+        self.preflight(sweep.path(RunDir.SBATCH), cancel)
+        from launchers.slurm.task import AgentTask
+        budget = [int(sub.extra["max_restarts"]) for sub in submissions]
+        ex = own_session_executor()(folder=str(Path(folder) / "submitit" / "%j"), python=submissions[0].extra["python"],
+                                    max_num_timeout=max(budget))
+        ex.update_parameters(**dict(submissions[0].extra["submitit"], job_name=name, array_parallelism=parallel))
+        wait = max(5.0, min(60.0, self._slurm.signal_lead_s - 5.0)) if self._slurm else 30.0
+        tasks = [AgentTask(str(rd.root), list(sub.nodes[0].argv), n, save_wait_s=wait)
+                 for sub, rd, n in zip(submissions, run_dirs, budget, strict=True)]
+        old = os.umask(0o077)  # (as submit)
+        try:
+            jobs = ex.submit_array(tasks)
+        except Exception as e:  # noqa: BLE001 - submitit raises a plain error carrying sbatch's stderr
+            raise LaunchError(f"sbatch failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e}",
+                              host=self._name, argv=["sbatch", "--array"]) from None
+        finally:
+            os.umask(old)
+        array = str(jobs[0].job_id).split("_")[0]
+        handles = []
+        for i, (job, sub, rd) in enumerate(zip(jobs, submissions, run_dirs, strict=True)):
+            rd.write_text(RunDir.SLURM_JOB_ID, f"{job.job_id}\n")
+            handles.append(JobHandle(uri=f"slurm://{job.job_id}", data={
+                "run_dir": str(rd.root), "job_id": str(job.job_id), "nodes": sub.extra.get("nodes"),
+                "array_job_id": array, "array_task": i}))
+        return array, handles
+
+    def array_tasks(self, array: str) -> dict[int, str] | None:
+        """{task index: SLURM state} of the array's tasks the controller still lists (squeue: a task that ended is
+        gone from it); None when squeue cannot tell."""
+        try:
+            r = subprocess.run(["squeue", "-h", "-r", "-j", str(array), "-o", "%i %T"], capture_output=True, text=True,
+                               timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if r.returncode != 0:
+            return {} if "Invalid job id" in r.stderr else None  # (forgotten by the controller: every task ended)
+        out: dict[int, str] = {}
+        for line in r.stdout.splitlines():
+            words = line.split()
+            m = re.fullmatch(rf"{re.escape(str(array))}_(\d+)", words[0]) if len(words) == 2 else None
+            if m:
+                out[int(m.group(1))] = words[1]
+        return out
+
+    def adopt(self, handle: JobHandle, run_dir: RunDir) -> "SlurmJob":
+        """A job someone else submitted (a sweep's array task, submitted by the sweep's runner), watched from its
+        start: its run dir holds nothing of an earlier attempt, so its logs and heartbeats are read from the
+        beginning."""
+        return SlurmJob(self, handle, run_dir, int(handle.data.get("nodes") or 0), from_start=True)
+
     # -------------------------------------------------------------- state
     def query(self, handle: JobHandle) -> dict:
         """{'state', 'terminal', 'slurm_state', 'reason', 'exit_code', 'restarts', 'nodelist'} from scontrol,
@@ -395,12 +488,13 @@ class SlurmJob:
     decides_hangs_on_nodes = True
     grace = 0.0  # scancel: SLURM's own KillWait applies
 
-    def __init__(self, launcher: SlurmLauncher, handle: JobHandle, run_dir: RunDir, nodes: int, poll: float = 0.5):
+    def __init__(self, launcher: SlurmLauncher, handle: JobHandle, run_dir: RunDir, nodes: int, poll: float = 0.5,
+                 from_start: bool = False):
         self.launcher, self.handle, self.rd, self.poll = launcher, handle, run_dir, poll
         self.nodes = {r: "" for r in range(nodes)}
-        self.beats = HeartbeatTail(run_dir.heartbeats, from_end=True)
+        self.beats = HeartbeatTail(run_dir.heartbeats, from_end=not from_start)
         self.offsets: dict[int, int] = {}  # where this attempt's output starts in each node log (not replayed)
-        for r in run_dir.log_ranks():
+        for r in ([] if from_start else run_dir.log_ranks()):
             try:
                 self.offsets[r] = run_dir.log(r).stat().st_size
             except OSError:

@@ -67,9 +67,13 @@ def check_slurm(slurm: Any, cluster_name: str, procs_per_node: int = 1, accelera
     return problems
 
 
-def sbatch_options(plan: LaunchPlan, slurm: Any, run_dir: str) -> list[tuple[str, Any]]:
-    """The #SBATCH options, in the order they are written. Values are plain data (True = a flag)."""
-    opts: list[tuple[str, Any]] = [("job-name", plan.job_id), ("nodes", plan.nodes), ("ntasks-per-node", 1)]
+def sbatch_options(plan: LaunchPlan, slurm: Any, run_dir: str, *, array: str | None = None,
+                   job_name: str | None = None) -> list[tuple[str, Any]]:
+    """The #SBATCH options, in the order they are written. Values are plain data (True = a flag). `array`
+    (`0-3%2`): a sweep's one array job (its name `job_name`, SLURM's output per task in `run_dir`, the sweep's dir)."""
+    opts: list[tuple[str, Any]] = [("job-name", job_name or plan.job_id)]
+    opts += [("array", array)] if array else []
+    opts += [("nodes", plan.nodes), ("ntasks-per-node", 1)]
     for key, value in (("partition", slurm.partition), ("account", slurm.account), ("qos", slurm.qos)):
         if value:
             opts.append((key, value))
@@ -86,7 +90,7 @@ def sbatch_options(plan: LaunchPlan, slurm: Any, run_dir: str) -> list[tuple[str
         opts.append(("exclusive", True))
     if slurm.exclude:
         opts.append(("exclude", ",".join(slurm.exclude)))
-    opts += [("output", f"{run_dir}/slurm-%j.out"), ("open-mode", "append"),
+    opts += [("output", f"{run_dir}/slurm-{'%A_%a' if array else '%j'}.out"), ("open-mode", "append"),
              ("signal", f"B:{SIGNAL}@{slurm.signal_lead_s}"), ("requeue", True)]
     opts += [extra_option(a) for a in slurm.extra_sbatch]
     return opts
@@ -101,28 +105,105 @@ def render_sbatch(plan: LaunchPlan, slurm: Any, run_dir: str | None = None, pyth
     run_dir = run_dir or plan.run_dir
     python = python or plan.python
     q = shlex.quote
-    lines = [
+    head = [
         "#!/bin/bash",
-        f"# orchestrate job {plan.job_id}: "
-        + (f"{plan.recipe} recipe '{plan.recipe_name}'" if plan.run_kind == "recipe"
-           else f"own code ({plan.run_kind} {plan.run_target})")
-        + f" on SLURM cluster '{plan.cluster_name}'",
-        f"# {plan.nodes} node(s) x {plan.procs_per_node} process(es) = world {plan.world_size}; profile "
-        f"{plan.profile} -> {plan.distributed_type}; effective batch "
-        + (str(plan.effective_batch) if plan.effective_batch is not None else "set by the job's own code"),
+        f"# orchestrate job {plan.job_id}: {_what(plan)} on SLURM cluster '{plan.cluster_name}'",
+        f"# {_shape(plan)}",
         f"# Submit by hand with:  sbatch {q(run_dir + '/job.sbatch')}   (what `orchestrate submit` runs)",
         f"# Per-node output: {run_dir}/logs/node<R>.log; preemption: {SIGNAL} {slurm.signal_lead_s} s before "
         f"the time limit -> checkpoint -> requeue (at most {int(plan.health.max_restarts or 0)} restarts).",
     ]
-    lines += [_flag(k, v) for k, v in sbatch_options(plan, slurm, run_dir)]
-    lines += ["", "set -u"]
+    head += [_flag(k, v) for k, v in sbatch_options(plan, slurm, run_dir)]
+    bind = [f"RUN_DIR={q(run_dir)}", f"PYTHON={q(python)}", f"MAX_RESTARTS={int(plan.health.max_restarts or 0)}"]
+    return _script(plan, slurm, head, bind, run_dir, python)
+
+
+ARRAY_RUN_DIR = "${RUN_DIR}"  # (the run dir an array task picks; only ever mapped back to "$RUN_DIR" below)
+
+
+def array_spec(n: int, parallel: int) -> str:
+    """`--array` of a sweep of `n` points, at most `parallel` running at once: `0-3%2`."""
+    return f"0-{n - 1}%{max(1, min(parallel, n))}"
+
+
+def array_problems(points: list[tuple[LaunchPlan, Any]]) -> list[Problem]:
+    """What keeps a sweep's points from being ONE array job: SLURM gives every task of an array the same options,
+    so the points must agree on everything but their run dirs (nodes, time, partition, ... , the python, the setup
+    lines); a pyxis container (its task step's mounts name the run dir) is not built for arrays."""
+    problems: list[Problem] = []
+    plan0, slurm0 = points[0]
+
+    def shape(plan: LaunchPlan, slurm: Any) -> dict[str, Any]:
+        return dict(sbatch_options(plan, slurm, "", array="-", job_name="-"), python=plan.python,
+                    setup=list(slurm.setup))
+    first = shape(plan0, slurm0)
+    for i, (plan, slurm) in enumerate(points):
+        if _pyxis(plan):
+            return [Problem("container.runtime", "a sweep on SLURM runs as one array job; a pyxis container is not "
+                                                 "built for arrays (use runtime apptainer, enroot or podman)")]
+        if i == 0:
+            continue
+        mine = shape(plan, slurm)
+        for key in sorted(set(first) | set(mine)):
+            if first.get(key) != mine.get(key):
+                problems.append(Problem(f"point p{i}", f"SLURM gives every task of the sweep's array job the same "
+                                        f"{key}: p0 has {first.get(key)!r}, p{i} {mine.get(key)!r} (sweep such a key "
+                                        "as separate submits)"))
+    return problems
+
+
+def render_array_sbatch(points: list[tuple[LaunchPlan, Any]], parallel: int, sweep_id: str, sweep_dir: str,
+                        python: str | None = None) -> str:
+    """The batch script of a sweep as ONE array job (SWEEP_DIR/job.sbatch): array task i runs point p<i> (its run dir,
+    its restart budget) exactly as that point's own job.sbatch would, in an allocation of its own (its own nodes, main
+    address and rendezvous); at most `parallel` tasks run at once (`--array=0-N%P`). `array_problems` must be empty."""
+    plan, slurm = points[0]
+    python = python or plan.python
+    q = shlex.quote
+    n = len(points)
+    head = [
+        "#!/bin/bash",
+        f"# orchestrate sweep {sweep_id}: {n} point(s) of {_what(plan)} on SLURM cluster '{plan.cluster_name}', "
+        "as ONE array job",
+        f"# each point: {_shape(plan)}",
+        f"# Array task i is point p<i> (job {sweep_id}-p<i>, its own run dir): a multi-node job in an allocation of "
+        f"its own, at most {max(1, min(parallel, n))} at once;",
+        f"# its rendezvous port is launch.port + 1 + i ({plan.port + 1}-{plan.port + n}: tasks sharing nodes never "
+        "collide).",
+        f"# Submit by hand with:  sbatch {q(sweep_dir + '/job.sbatch')}   (what `orchestrate submit --sweep` runs)",
+        f"# Per-node output: <run dir>/logs/node<R>.log; preemption: {SIGNAL} {slurm.signal_lead_s} s before the time "
+        "limit -> checkpoint -> requeue of that task (at most its health.max_restarts restarts).",
+    ]
+    head += [_flag(k, v) for k, v in sbatch_options(plan, slurm, sweep_dir, array=array_spec(n, parallel),
+                                                    job_name=sweep_id)]
+    bind = ["# array task i -> point p<i>: its run dir (plan, logs, records) and its restart budget",
+            "RUN_DIRS=(", *[f"    {q(p.run_dir)}" for p, _ in points], ")",
+            f"BUDGETS=({' '.join(str(int(p.health.max_restarts or 0)) for p, _ in points)})",
+            'RUN_DIR="${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}"',
+            f"PYTHON={q(python)}",
+            'MAX_RESTARTS="${BUDGETS[$SLURM_ARRAY_TASK_ID]}"']
+    return _script(plan, slurm, head, bind, ARRAY_RUN_DIR, python)
+
+
+def _what(plan: LaunchPlan) -> str:
+    return (f"{plan.recipe} recipe '{plan.recipe_name}'" if plan.run_kind == "recipe"
+            else f"own code ({plan.run_kind} {plan.run_target})")
+
+
+def _shape(plan: LaunchPlan) -> str:
+    return (f"{plan.nodes} node(s) x {plan.procs_per_node} process(es) = world {plan.world_size}; profile "
+            f"{plan.profile} -> {plan.distributed_type}; effective batch "
+            + (str(plan.effective_batch) if plan.effective_batch is not None else "set by the job's own code"))
+
+
+def _script(plan: LaunchPlan, slurm: Any, head: list[str], bind: list[str], run_dir: str, python: str) -> str:
+    """The batch script: `head` (comments, #SBATCH lines), the setup, `bind` (RUN_DIR, PYTHON, MAX_RESTARTS), then
+    the one body every script shares (`run_dir`: the path that stands for "$RUN_DIR" in the agent's argv)."""
+    lines = head + ["", "set -u"]
     if slurm.setup:
         lines += ["", "# setup (slurm.setup)"] + list(slurm.setup)
+    lines += [""] + bind
     lines += [
-        "",
-        f"RUN_DIR={q(run_dir)}",
-        f"PYTHON={q(python)}",
-        f"MAX_RESTARTS={int(plan.health.max_restarts or 0)}",
         'mkdir -p "$RUN_DIR/logs"',
         'echo "orchestrate: SLURM job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, restart ${SLURM_RESTART_COUNT:-0}"',
         'if [ "${SLURM_RESTART_COUNT:-0}" -gt "$MAX_RESTARTS" ]; then',

@@ -60,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-wait", action="store_true", help="hosts or GPUs leased by another job: exit 75 at once "
                    "naming them and their holder, instead of waiting QUEUED for them")
     s.add_argument("--job-id", default=None, help=argparse.SUPPRESS)
+    s.add_argument("--adopt", default=None, help=argparse.SUPPRESS)  # (a SLURM sweep's point: its array task's handle)
     s.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
                    help="run a grid: one job per combination of the values (repeat for more keys); every point is "
-                        "planned first, then run at most --max-parallel at once (local and SSH clusters)")
+                        "planned first, then run at most --max-parallel at once (on SLURM: one --array job)")
     s.add_argument("--max-parallel", type=int, default=None, help="with --sweep: points running at once (default all)")
     s.add_argument("--stop-if-worse", type=float, default=None, metavar="X",
                    help="with --sweep: cancel a point whose loss is NaN or above X times the best point's at the same "
@@ -127,7 +128,8 @@ def _prepare(args, run_dir: str | None = None):
     from orchestrator import api
     return api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
                        profile=args.profile, overrides=args.overrides, run_dir=run_dir,
-                       job_id=getattr(args, "job_id", None))
+                       job_id=getattr(args, "job_id", None),
+                       judge_checkpoints=not getattr(args, "adopt", None))  # (adopted: it may be saving already)
 
 
 def _add_color(p: argparse.ArgumentParser, rich: str, plain: str) -> None:
@@ -171,6 +173,13 @@ def cmd_submit(args) -> int:
         if value is not None:
             raise ConfigError(Problem(flag, "only with --sweep"))
     prepared = _prepare(args)
+    adopt = None
+    if args.adopt:  # a SLURM sweep's point: its array task was submitted by the sweep's runner (orchestrator.sweep)
+        from orchestrator.types import JobHandle
+        if not args.job_id or prepared.cluster.kind != "slurm":
+            raise ConfigError(Problem("--adopt", "only for a point of a SLURM sweep (with --job-id)"))
+        adopt = JobHandle(args.adopt, {"run_dir": prepared.plan.run_dir, "job_id": args.adopt.rpartition("/")[2],
+                                       "nodes": prepared.plan.nodes})
     print(summary(prepared.plan), flush=True)
     if resuming_text(prepared):
         print(resuming_text(prepared), flush=True)
@@ -237,7 +246,7 @@ def cmd_submit(args) -> int:
     _supervisor_signals(sup, prepared.plan.run_dir)
     try:
         result = api.submit(prepared, on_line=on_line, on_beat=on_beat, on_event=on_event, supervisor=sup,
-                            wait=not args.no_wait)
+                            wait=not args.no_wait, adopt=adopt)
     finally:
         try:
             progress.close()
@@ -471,10 +480,15 @@ def _submit_sweep(args) -> int:
         raise ConfigError(Problem("--sweep", "not with --detach (a detached sweep is not built yet: run it in tmux / "
                                              "nohup) nor --job-id"))
     if args.dry_run:
-        sweep_id, planned, _ = sweep.plan_points(args, args.sweep)
+        sweep_id, planned, first = sweep.plan_points(args, args.sweep)
         print(f"sweep {sweep_id} (dry run): {len(planned)} point(s), every one planned")
         for point, *_ in planned:
             print(f"  p{point.index}  {point.label()}")
+        if first.cluster.kind == "slurm":  # ONE array job: its script, as `submit` would write and sbatch it
+            from orchestrator.core.sweep import check_parallel
+            parallel = check_parallel(args.max_parallel, len(planned))
+            print(f"SLURM: one array job; submit writes it to {sweep.sweep_folder(first, sweep_id)}/job.sbatch:")
+            print(sweep.array_script(sweep_id, planned, first, parallel), end="")
         return 0
     return sweep.run(args, args.sweep, say=lambda line: print(line, flush=True))
 

@@ -77,6 +77,23 @@ def bind_main_ip(arg: str | None, plan_main: str, env: dict[str, str]) -> str:
     return first_host(nodelist)
 
 
+ARRAY_TASK_ENV = "SLURM_ARRAY_TASK_ID"
+
+
+def bind_port(plan: LaunchPlan, env: dict[str, str]) -> LaunchPlan:
+    """A task of a SLURM array (a sweep's point, launchers.slurm.sbatch.render_array_sbatch) rendezvous on
+    launch.port + 1 + its index: the tasks of one array may be given the same nodes at once (a node with free cores
+    runs two), and each is a multi-node job of its own. Any other job keeps its plan's port."""
+    import dataclasses
+    task = env.get(ARRAY_TASK_ENV, "").strip()
+    if plan.cluster_kind != "slurm" or not task.isdigit():
+        return plan
+    port = int(plan.port) + 1 + int(task)
+    nodes = tuple(dataclasses.replace(n, accelerate_config=dict(n.accelerate_config, main_process_port=port))
+                  if "main_process_port" in n.accelerate_config else n for n in plan.node_plans)
+    return dataclasses.replace(plan, port=port, node_plans=nodes)
+
+
 def agent_argv(python: str, run_dir: str, *, node_rank: int | None = None, watch_stdin: bool = False,
                secrets_stdin: bool = False, forward_heartbeats: bool = False, watch_parent: bool = False,
                grace: float | None = None, probe: dict | None = None, action: str | None = None,
@@ -641,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.probe is not None:
                 return 0  # the start was called off (another host failed its pre-flight)
             secrets = {}
-        plan = RunDir(run_dir).read_plan()
+        plan = bind_port(RunDir(run_dir).read_plan(), dict(os.environ))
         rank = bind_rank(args.node_rank, dict(os.environ), plan.nodes)
         main_ip = bind_main_ip(args.main_ip, plan.main_host, dict(os.environ))
     except (AgentError, OSError, ValueError, KeyError) as e:

@@ -14,7 +14,8 @@ import pytest
 
 from orchestrator.core.health import HealthSpec
 
-from launchers.slurm.sbatch import check_slurm, render_sbatch, time_seconds
+from launchers.slurm.sbatch import (array_problems, array_spec, check_slurm, render_array_sbatch, render_sbatch,
+                                    time_seconds)
 from launchers.slurm.launcher import STATE_TABLE, SlurmLauncher, job_id_of, map_state
 from launchers.slurm.task import may_requeue
 from orchestrator.errors import ConfigError
@@ -182,3 +183,98 @@ def test_restart_policy(tmp_path):
     assert not ok and "budget" in why
     decisions = [json.loads(x)["decision"] for x in (tmp_path / "restarts.jsonl").read_text().splitlines()]
     assert decisions == ["restart", "stop", "restart", "stop"]
+
+
+# ------------------------------------------------------------------------------- a sweep as ONE array job
+
+SWEEP = "sweep-20250101-000000-abcd"
+
+
+def sweep_points(n: int = 4, cluster_name: str = "slurm_local", budgets: tuple[int, ...] = (),
+                 root: str = "/shared/orchestrate/runs"):
+    c = cluster(cluster_name)
+    out = []
+    for i in range(n):
+        plan = fixed_plan(2, run_dir=f"{root}/{SWEEP}-p{i}", python=c.slurm.python)
+        if budgets:
+            plan = replace(plan, health=HealthSpec(max_restarts=budgets[i]))
+        out.append((plan, c.slurm))
+    return out
+
+
+def test_array_sbatch_golden():
+    """A 4-point sweep with --max-parallel 2: ONE script, `--array=0-3%2`, task i running point p<i>'s run dir with
+    the same body as a single job's script (same agent, same rank binding, same preemption handling)."""
+    text = render_array_sbatch(sweep_points(), 2, SWEEP, f"/shared/orchestrate/sweeps/{SWEEP}")
+    check_golden("sweep_array.sbatch", text)
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    lines = text.splitlines()
+    assert [ln for ln in lines if "--array" in ln and ln.startswith("#SBATCH")] == ["#SBATCH --array=0-3%2"]
+    assert f"#SBATCH --job-name={SWEEP}" in lines
+    assert f"#SBATCH --output=/shared/orchestrate/sweeps/{SWEEP}/slurm-%A_%a.out" in lines
+    assert array_spec(4, 2) == "0-3%2" and array_spec(3, 8) == "0-2%3"
+    single = render_sbatch(sweep_points()[0][0], cluster("slurm_local").slurm)
+    body = single[single.index('mkdir -p "$RUN_DIR/logs"'):]
+    assert text.endswith(body)  # the one body both scripts share
+    code = "\n".join(ln for ln in lines if not ln.lstrip().startswith("#"))
+    assert "SLURM_NODEID" not in code and "--node-rank" not in code  # (ranks still bound in the tasks)
+
+
+def test_array_task_picks_its_point(tmp_path):
+    """Run the rendered array script in bash with a stand-in srun: array task 2 runs the agent on p2's run dir with
+    p2's restart budget; a task past its own budget gives up (exit 3) without starting anything."""
+    points = sweep_points(budgets=(3, 3, 1, 3), root=str(tmp_path / "runs"))
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_array_sbatch(points, 2, SWEEP, str(tmp_path)))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\necho "srun $*" > "$SRUN_LOG"\n')
+    (bin_dir / "srun").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_ARRAY_TASK_ID="2", SLURM_JOB_ID="107",
+               SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_NUM_NODES="2", SRUN_LOG=str(tmp_path / "srun.log"))
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    srun = (tmp_path / "srun.log").read_text()
+    assert srun.rstrip().endswith(f"-m orchestrator.node {tmp_path}/runs/{SWEEP}-p2"), srun
+    assert (tmp_path / "runs" / f"{SWEEP}-p2" / "logs").is_dir()
+    assert not (tmp_path / "runs" / f"{SWEEP}-p1").exists()
+    (tmp_path / "srun.log").unlink()
+    r = subprocess.run(["bash", str(script)], env=dict(env, SLURM_RESTART_COUNT="2"), capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 3 and "exceeds health.max_restarts=1" in r.stderr, r.stderr
+    assert not (tmp_path / "srun.log").exists()
+    r = subprocess.run(["bash", str(script)], env=dict(env, SLURM_RESTART_COUNT="2", SLURM_ARRAY_TASK_ID="3"),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr  # (p3's budget is 3)
+
+
+def test_array_needs_points_that_agree():
+    """SLURM gives every task of an array the same options: a sweep of, say, slurm.time is refused, naming the
+    point and the option; a pyxis container is refused for arrays."""
+    points = sweep_points(3)
+    assert array_problems(points) == []
+    plan, slurm = points[2]
+    points[2] = (plan, replace(slurm, time="01:00:00"))
+    problems = array_problems(points)
+    assert [p.where for p in problems] == ["point p2"] and "time" in problems[0].message
+    assert "'00:15:00'" in problems[0].message and "'01:00:00'" in problems[0].message
+    from orchestrator.core.container import ContainerPlan
+    pyxis = replace(points[0][0], container=ContainerPlan(runtime="pyxis", image="img.sqsh"))
+    assert array_problems([(pyxis, points[0][1])])[0].where == "container.runtime"
+
+
+def test_array_task_rendezvous_port_and_handle():
+    """Tasks of one array may share nodes: task i rendezvous on launch.port + 1 + i (the agent binds it, in its
+    accelerate config too); any other job keeps its plan's port. A task's handle is slurm://<array>_<i>."""
+    from orchestrator.node.agent import bind_port
+    plan = fixed_plan(2)
+    plan = replace(plan, node_plans=tuple(replace(n, accelerate_config=dict(n.accelerate_config,
+                                                                            main_process_port=29500))
+                                          for n in plan.node_plans))
+    bound = bind_port(plan, {"SLURM_ARRAY_TASK_ID": "3"})
+    assert bound.port == 29504 and {n.accelerate_config["main_process_port"] for n in bound.node_plans} == {29504}
+    assert bind_port(plan, {}) is plan
+    assert bind_port(replace(plan, cluster_kind="ssh"), {"SLURM_ARRAY_TASK_ID": "3"}).port == 29500
+    assert job_id_of("slurm://1234_3") == "1234_3" and job_id_of("slurm://1234") == "1234"
+    with pytest.raises(ConfigError):
+        job_id_of("slurm://1234_")
