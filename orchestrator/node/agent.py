@@ -78,17 +78,25 @@ def bind_main_ip(arg: str | None, plan_main: str, env: dict[str, str]) -> str:
 
 
 ARRAY_TASK_ENV = "SLURM_ARRAY_TASK_ID"
+JOB_ID_ENV = "SLURM_JOB_ID"
+# a SLURM job's port: launch.port + 1001 + job id % 1500; with an array's tasks' (launch.port + 1 + index) all stay
+# under Linux's ephemeral range (32768-) from the default 29500
+SINGLE_OFFSET, SINGLE_SPREAD = 1001, 1500
 
 
 def bind_port(plan: LaunchPlan, env: dict[str, str]) -> LaunchPlan:
-    """A task of a SLURM array (a sweep's point, launchers.slurm.sbatch.render_array_sbatch) rendezvous on
-    launch.port + 1 + its index: the tasks of one array may be given the same nodes at once (a node with free cores
-    runs two), and each is a multi-node job of its own. Any other job keeps its plan's port."""
+    """The rendezvous port of a SLURM job, from its allocation: jobs (and the tasks of an array) that SLURM gives the
+    same nodes at once (a node with free cores or GPUs runs two) must not meet on one port. A task of an array (a
+    sweep's point, launchers.slurm.sbatch.render_array_sbatch) uses launch.port + 1 + its index; any other SLURM job
+    launch.port + SINGLE_OFFSET + its job id % SINGLE_SPREAD (the same on every node of the job, and again after a
+    requeue). Written into each node's accelerate config too. Other backends keep their plan's port."""
     import dataclasses
     task = env.get(ARRAY_TASK_ENV, "").strip()
-    if plan.cluster_kind != "slurm" or not task.isdigit():
+    job = env.get(JOB_ID_ENV, "").strip()
+    if plan.cluster_kind != "slurm" or not (task.isdigit() or job.isdigit()):
         return plan
-    port = int(plan.port) + 1 + int(task)
+    port = int(plan.port) + 1 + int(task) if task.isdigit() else \
+        int(plan.port) + SINGLE_OFFSET + int(job) % SINGLE_SPREAD
     nodes = tuple(dataclasses.replace(n, accelerate_config=dict(n.accelerate_config, main_process_port=port))
                   if "main_process_port" in n.accelerate_config else n for n in plan.node_plans)
     return dataclasses.replace(plan, port=port, node_plans=nodes)
