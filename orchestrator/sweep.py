@@ -85,7 +85,7 @@ def plan_points(args, options: list[str]) -> tuple[str, list[tuple[Point, list[s
     planned, every problem named (on SLURM also what keeps the points from being one array job)."""
     from orchestrator import api
     points = expand(options)
-    sweep_id = new_sweep_id()
+    sweep_id = getattr(args, "sweep_id", None) or new_sweep_id()  # (a detached runner: the id its submit printed)
     base = api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
                        profile=args.profile, overrides=list(args.overrides), job_id=sweep_id,
                        judge_checkpoints=False)  # (only its output dir is used: each point's own is judged)
@@ -430,15 +430,16 @@ def sweep_text(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
 
 def _is_runner(pid: int, doc: dict[str, Any]) -> bool:
-    """`pid` is still this sweep's runner (not a process that got its number since): an orchestrate submit with
-    --sweep that started before the sweep was recorded."""
+    """`pid` is still this sweep's runner (not a process that got its number since): an orchestrate submit (with
+    --sweep, or of a job file with a sweep: block; not a point's, which has --job-id) that started before the sweep
+    was recorded."""
     from orchestrator.node.proctools import process_start_time
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
     started = process_start_time(pid)
-    return (b"--sweep" in argv and b"submit" in argv and started is not None
+    return (b"submit" in argv and b"--job-id" not in argv and started is not None
             and started <= float(doc.get("created") or 0) + 1)
 
 
@@ -510,3 +511,60 @@ def point_of(job_id: str, run_dir: str) -> dict[str, Any] | None:
     return {"sweep": doc["id"], "point": index, "overrides": list(pt.get("overrides") or []),
             "loss": _losses(run_dir)[0], "sweep_points": len(doc.get("points") or []),
             "sweep_parallel": doc.get("max_parallel")}
+
+
+def log_path(sweep_id: str) -> Path:
+    """ORCHESTRATE_HOME/sweeps/<id>.log: a detached sweep's runner output (what a foreground one prints)."""
+    return sweeps_dir() / f"{sweep_id}.log"
+
+
+def detach(args, argv: list[str]) -> int:
+    """`submit --sweep ... --detach`: plan every point here (a bad point: exit 2, nothing started), then run this
+    very submit (same sweep id, without --detach) as the sweep's runner in a session of its own, output to
+    log_path; return once it has recorded the sweep. `orchestrate attach SWEEP_ID` follows it, `cancel` stops it."""
+    from orchestrator.store import private_dir
+    sweep_id, planned, _ = plan_points(args, list(args.sweep))
+    private_dir(sweeps_dir())
+    child = [a for a in argv if a not in ("--detach", "-d")] + ["--sweep-id", sweep_id, "--color", "never"]
+    log = log_path(sweep_id)
+    with open(log, "ab") as out:
+        os.chmod(log, 0o600)
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *child], stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300  # (the runner plans every point again before it records the sweep)
+    while time.monotonic() < deadline:
+        if read_sweep(sweep_id) is not None:
+            print(f"sweep {sweep_id}: {len(planned)} point(s), runs detached (runner pid {proc.pid}, output "
+                  f"{log}); follow it with: orchestrate attach {sweep_id}", flush=True)
+            return 0
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:]
+            print(f"orchestrate: error: sweep {sweep_id} did not start: {' '.join(tail)}", file=sys.stderr)
+            return proc.returncode or 1
+        time.sleep(0.2)
+    print(f"sweep {sweep_id} submitted (runner pid {proc.pid}); orchestrate attach {sweep_id}")
+    return 0
+
+
+def follow(doc: dict[str, Any], say: Callable[[str], None], poll_s: float = 0.5) -> bool:
+    """`attach SWEEP_ID`: print the runner's output (log_path) from its start and as it comes, until the runner is
+    gone. True when it ended (the table follows), False for a sweep that was not run detached (no log)."""
+    log = log_path(doc["id"])
+    if not log.exists():
+        return False
+    pid = int(doc.get("runner_pid") or 0)
+    with open(log, "rb") as f:
+        buf = b""
+        while True:
+            alive = _is_runner(pid, doc)
+            chunk = f.read()
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                say(line.decode(errors="replace"))
+            if not chunk and not alive:
+                if buf:
+                    say(buf.decode(errors="replace"))
+                return True
+            if not chunk:
+                time.sleep(poll_s)

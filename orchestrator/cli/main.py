@@ -56,11 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_color(s, "with --quiet, a rich progress bar", "plain `progress:` lines")
     s.add_argument("--dry-run", action="store_true", help="print the plan and stop (like render, without files)")
     s.add_argument("--detach", "-d", action="store_true", help="validate, start a background supervisor that runs "
-                   "and monitors the job, print its id and return (then: orchestrate attach JOB)")
+                   "and monitors the job (a sweep: its runner), print its id and return (then: orchestrate attach "
+                   "JOB or SWEEP_ID)")
     s.add_argument("--no-wait", action="store_true", help="hosts or GPUs leased by another job: exit 75 at once "
                    "naming them and their holder, instead of waiting QUEUED for them")
     s.add_argument("--job-id", default=None, help=argparse.SUPPRESS)
     s.add_argument("--adopt", default=None, help=argparse.SUPPRESS)  # (a SLURM sweep's point: its array task's handle)
+    s.add_argument("--sweep-id", default=None, help=argparse.SUPPRESS)  # (a detached sweep's runner)
     s.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
                    help="run a grid: one job per combination of the values (repeat for more keys); every point is "
                         "planned first, then run at most --max-parallel at once (on SLURM: one --array job)")
@@ -83,8 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     for view in (ls, st):
         view.add_argument("--json", action="store_true", help="machine-readable output (unchanged by --color)")
         _add_color(view, "rich tables with coloured states", "the plain aligned text that pipes get")
-    at = sub.add_parser("attach", help="follow a running job (logs and progress) until it ends; Ctrl-C detaches")
-    at.add_argument("job")
+    at = sub.add_parser("attach", help="follow a running job (logs and progress), or a detached sweep (its "
+                                       "runner's output, then its table), until it ends; Ctrl-C detaches")
+    at.add_argument("job", help="job id (a unique prefix is enough), or a sweep id")
     at.add_argument("--quiet", "-q", action="store_true", help="progress only, no node output")
     _add_color(at, "rich progress bar", "plain `progress:` lines")
     lg = sub.add_parser("logs", help="a job's logs, merged and prefixed by node and rank ([host nodeR rankG])")
@@ -402,6 +405,19 @@ def cmd_attach(args) -> int:
     from orchestrator.cli.logtail import LogTail
     from orchestrator.cli.progress import Progress
     from orchestrator.store import JobStore
+    if args.job.startswith("sweep-"):
+        from orchestrator import sweep
+        doc = sweep.read_sweep(args.job)
+        if doc is not None:
+            print(f"attached to sweep {doc['id']}; Ctrl-C detaches, the sweep keeps running", flush=True)
+            try:
+                if not sweep.follow(doc, lambda line: print(line, flush=True)):
+                    print(f"sweep {doc['id']} was not run detached: its runner's output is in its terminal")
+            except KeyboardInterrupt:
+                print(f"\ndetached from sweep {doc['id']}; it keeps running (orchestrate attach {doc['id']})")
+                return 0
+            print(sweep.sweep_text(doc, sweep.table_rows(doc)))
+            return 0
     rec = _record(args.job)
     print(f"attached to job {rec.id} ({rec.state}); Ctrl-C detaches, the job keeps running", flush=True)
     from orchestrator.cli.tty import use_rich
@@ -476,9 +492,10 @@ def _submit_sweep(args) -> int:
     from orchestrator import sweep
     if args.stop_if_worse is not None and not args.stop_if_worse > 1:
         raise ConfigError(Problem("--stop-if-worse", f"must be a number > 1, got {args.stop_if_worse}"))
-    if args.detach or args.job_id:
-        raise ConfigError(Problem("--sweep", "not with --detach (a detached sweep is not built yet: run it in tmux / "
-                                             "nohup) nor --job-id"))
+    if args.job_id:
+        raise ConfigError(Problem("--sweep", "not with --job-id (each point gets its own)"))
+    if args.detach and not args.dry_run:
+        return sweep.detach(args, sys.argv[1:] if args._argv is None else args._argv)
     if args.dry_run:
         sweep_id, planned, first = sweep.plan_points(args, args.sweep)
         print(f"sweep {sweep_id} (dry run): {len(planned)} point(s), every one planned")

@@ -139,3 +139,29 @@ def test_cancel_of_a_sweep_stops_the_running_points_and_starts_no_more(tmp_path,
     assert runner.returncode == 130, (seen + rest)[-3000:]
     table = {r["point"]: r["state"] for r in json.loads(cli("sweep", sid, "--json", env=env).stdout)["points"]}
     assert table == {"p0": "CANCELLED", "p1": "NOT STARTED", "p2": "NOT STARTED"}, table
+
+
+def test_a_detached_sweep_from_the_job_files_sweep_block_runs_on_and_attach_follows_it(tmp_path, job_guard):
+    """`submit job.yaml --detach` of a file with a `sweep:` block: every point planned, the runner started in the
+    background, the submit returns at once; `attach SWEEP_ID` prints the runner's output to the end, then the table."""
+    home = job_guard.home(tmp_path / "home")
+    env = {"ORCHESTRATE_HOME": home, "OMP_NUM_THREADS": "1"}
+    job = tmp_path / "job.yaml"
+    job.write_text(SFT.read_text() + "\nsweep:\n  grid: {trainer.seed: [1, 2]}\n  max_parallel: 1\n")
+    t0 = time.monotonic()
+    p = cli("submit", job, "--nodes", "2", "--detach", "--quiet", "trainer.max_steps=4",
+            f"trainer.output_dir={tmp_path / 'out'}", env=env, cwd=REPO, timeout=300)
+    assert p.returncode == 0 and "runs detached" in p.stdout, p.stdout + p.stderr
+    sid = re.search(r"^sweep (sweep-\S+): 2 point", p.stdout, re.M).group(1)
+    doc = json.loads((Path(home) / "sweeps" / f"{sid}.json").read_text())
+    job_guard.proc(int(doc["runner_pid"]))
+    assert [pt["overrides"] for pt in doc["points"]] == [["trainer.seed=1"], ["trainer.seed=2"]]
+    returned = time.monotonic() - t0
+    a = cli("attach", sid, env=env, timeout=600)
+    assert a.returncode == 0, a.stdout[-3000:] + a.stderr
+    assert f"attached to sweep {sid}" in a.stdout and "[p0]" in a.stdout and "[p1]" in a.stdout, a.stdout[-3000:]
+    table = a.stdout.splitlines()[-3:]
+    assert table[0].split()[:2] == ["POINT", "STATE"] and all(" COMPLETED " in ln for ln in table[1:]), table
+    assert returned < time.monotonic() - t0 - 10, (returned, time.monotonic() - t0)  # submit did not wait for it
+    states = {r["point"]: r["state"] for r in json.loads(cli("sweep", sid, "--json", env=env).stdout)["points"]}
+    assert states == {"p0": "COMPLETED", "p1": "COMPLETED"}, states
