@@ -38,6 +38,7 @@ HOOKS_DIR = Path(__file__).resolve().parent / "hooks"  # zero-code health hooks 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # holds orchestrator/ and recipes/ (what a container mounts)
 
 RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
+EMULATE_FLAG = "--emulate"  # SPEC: ORCHESTRATE_EMULATE for an agent that does not inherit the submitter's env
 NODELIST_ENV = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 
 
@@ -81,7 +82,7 @@ def agent_argv(python: str, run_dir: str, *, node_rank: int | None = None, watch
                grace: float | None = None, probe: dict | None = None, action: str | None = None,
                module: str = MODULE) -> tuple[str, ...]:
     """The node agent's argv: the ONE place it is spelled (local, SSH, SLURM, sbatch, teardown, diagnosis).
-    `action` is None (run the node), "kill", "diagnose" or "status"."""
+    `action` is None (run the node), "kill", "diagnose" or "status". (Benchmarks and tests append EMULATE_FLAG SPEC.)"""
     argv = [python, "-m", module, run_dir]
     if node_rank is not None:
         argv += ["--node-rank", str(node_rank)]
@@ -581,10 +582,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--status", action="store_true", help="print one JSON line per node: agent alive, exit record")
     ap.add_argument("--forward-heartbeats", action="store_true",
                     help="print the ranks' heartbeats on stdout as ORCHESTRATE_HB lines")
+    ap.add_argument(EMULATE_FLAG, metavar="SPEC", default=None,
+                    help=f"benchmarks and tests only: set {EMULATE_VAR} (emulated ranks, orchestrator.node.emulate)")
     ap.add_argument("--probe", metavar="JSON", default=None,
                     help='pre-flight first ({"workdir", "port", "check"}, see orchestrator.node.probe): print '
                          "the result, then start only when a line arrives on stdin (EOF: exit, nothing started)")
     args = ap.parse_args(argv)
+    if args.emulate:
+        os.environ[EMULATE_VAR] = args.emulate
     parent = os.getppid()  # before anything can make this process an orphan
     os.umask(0o077)  # everything the agent and its launch create in the run dir is owner-only
     lease = None  # the host's / GPUs' lease (core.leases): held by this process until it ends
@@ -646,7 +651,11 @@ def main(argv: list[str] | None = None) -> int:
     if not started:
         print(f"orchestrate node agent: {agent.stop_reason}; nothing started", file=sys.stderr)
         return 143
-    agent.watch_ranks()
+    # Emulated ranks (orchestrator.node.emulate): one process, no rank of its own to watch (RankWatch would scan /proc
+    # for ranks that never come) and no rendezvous port to reach; its death is the launch's, which wait() sees.
+    emulated = bool(os.environ.get(EMULATE_VAR))
+    if not emulated:
+        agent.watch_ranks()
     if args.watch_stdin:
         agent.watch_stdin()
     if args.watch_parent:
@@ -655,7 +664,8 @@ def main(argv: list[str] | None = None) -> int:
         agent.forward_heartbeats()
     if args.monitor or (args.monitor is None and plan.cluster_kind == "slurm"):
         agent.monitor()
-    agent.watch_main_reachable()
+    if not emulated:
+        agent.watch_main_reachable()
     code = agent.wait()
     if lease is not None:
         lease.release()  # (the exit would too; said here so the lease visibly lives as long as the job)
