@@ -25,7 +25,7 @@ from orchestrator.core.jobplan import LaunchPlan
 from orchestrator.core.schema import is_secret_name
 from orchestrator.core.leases import busy_error_text, lease_request
 from orchestrator.errors import LaunchError, LeasesBusy, PreflightError, Problem
-from launchers.base import container_problems, record_container, run_dir_logs, status_from_nodes
+from launchers.base import container_problems, ensure_open_files, record_container, run_dir_logs, status_from_nodes
 from launchers.ssh.job import Node, SSHJob, copy_run_dir, node_at_host, rank_at_host
 from launchers.ssh.remote import (WRAPPER_MARK, agent_shell, await_probe, close_channel, teardown_command,
                                   unstage_command)
@@ -308,6 +308,9 @@ class SSHLauncher:
         start, `cancel` set (Ctrl-C) stops it within a poll: every connection closed, so each host's waiting agent
         stands down, and SubmitCancelled raised; after it the supervisor stops the job."""
         sub, local = emulated(submission), run_dir
+        raised = ensure_open_files(len(sub.nodes), "an SSH job")
+        if raised:
+            logger.warning("%s", raised)
         t0 = time.time()
         pool, staged, sessions = self.pool(), None, None
         pool.cancel = cancel

@@ -27,7 +27,7 @@ from pathlib import Path
 from orchestrator.core.hostlist import first_host
 from orchestrator.core.jobplan import AGENT_ENV, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan
 from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_marked, marked, marked_ranks,
-                                         process_start_time, signal_group, signal_pids)
+                                         process_start_time, ranks_of, signal_group, signal_pids)
 from orchestrator.node.emulate import EMULATE_VAR, emulator_argv
 from orchestrator.node.emulate import parse as parse_emulate
 from orchestrator.node.rundir import EXIT_MARK, AgentRecord, ExitRecord, RunDir, write_error
@@ -349,16 +349,20 @@ class Agent:
         self.stopping.set()
         pgid = self.proc.pid
         signal_group(pgid, first)
-        signal_pids(marked(self.token), first)  # the ranks live in sessions of their own (torchrun)
-        signal_pids(marked(self.token), signal.SIGCONT)  # a stopped (hung) rank must run to act on TERM
+        pids = marked(self.token)  # the ranks live in sessions of their own (torchrun); one scan of /proc for both
+        signal_pids(pids, first)
+        signal_pids(pids, signal.SIGCONT)  # a stopped (hung) rank must run to act on TERM
 
         def escalate() -> None:
             deadline = time.monotonic() + self.grace
-            # Until every rank is gone (saved or not): the launcher then has nothing left to wait for.
-            while time.monotonic() < deadline and marked_ranks(self.token):
+            left = pids
+            # Until every rank is gone (saved or not): the launcher then has nothing left to wait for. (Each look is
+            # a scan of every process on the host: what it found is what gets the KILL.)
+            while ranks_of(left) and time.monotonic() < deadline:
                 time.sleep(0.05)
+                left = marked(self.token)
             signal_group(pgid, signal.SIGKILL)
-            signal_pids(marked(self.token), signal.SIGKILL)
+            signal_pids(left, signal.SIGKILL)  # (anything that appeared since: wait()'s sweep after the launch)
         threading.Thread(target=escalate, daemon=True).start()
 
     def watch_ranks(self) -> None:
@@ -381,12 +385,27 @@ class Agent:
         threading.Thread(target=run, daemon=True, name="rank-watch").start()
 
     def watch_stdin(self) -> None:
+        """The controlling connection (SSH): a line `{"stop": REASON, "grace": S}` stops the node now, for that reason,
+        with that grace (the submitter's teardown: one message over the open channel, no remote command to start);
+        EOF (the connection or the submitter died) stops it too."""
         def run() -> None:
             # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader makes the interpreter
             # abort at exit ("_enter_buffered_busy").
+            buf = b""
             try:
-                while os.read(0, 4096):
-                    pass
+                while data := os.read(0, 4096):
+                    buf += data
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        try:
+                            msg = json.loads(line)
+                        except ValueError:
+                            continue
+                        if isinstance(msg, dict) and msg.get("stop"):
+                            if isinstance(msg.get("grace"), (int, float)):
+                                self.grace = float(msg["grace"])
+                            self.stop(str(msg["stop"]))
+                    buf = buf[-65536:]
             except OSError:
                 pass
             self.stop("controlling connection closed (stdin EOF)")
