@@ -37,7 +37,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "tests"))
 
+import scale_job  # noqa: E402  (tests/scale_job.py: the CI test's driver of the same job)
 from orchestrator.node.proctools import alive, marked  # noqa: E402
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -56,13 +58,10 @@ def proc_sample(pid: int) -> dict:
 
 
 def wait_for(pred, timeout: float, what: str, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+    try:
+        return scale_job.wait_for(pred, timeout, what, every)
+    except AssertionError as e:
+        raise RuntimeError(str(e)) from None
 
 
 def has_step(path: Path) -> bool:
