@@ -104,3 +104,27 @@ def record_container(run_dir: RunDir, container: dict, checks: dict[str, dict]) 
     hosts = {h: {"image": r.get("image") or {}, "versions": r.get("versions") or {}} for h, r in sorted(checks.items())}
     run_dir.write_json(CONTAINER_FILE, {"runtime": container.get("runtime"), "image": container.get("image"),
                                         "hosts": hosts})
+
+
+FDS_PER_NODE = 3  # what the submitting process keeps open per node (measured 2: SSH its connection and the node's
+FDS_SPARE = 64  # log; local its agent's output pipe and log) and what it needs besides
+
+
+def ensure_open_files(nodes: int, what: str, limit: tuple[int, int] | None = None) -> str:
+    """Room for a job's open files in this process (FDS_PER_NODE per node + FDS_SPARE): the soft RLIMIT_NOFILE is
+    raised up to the hard limit when it is lower (the default soft limit, 1,024, holds ~320 nodes), and the raise is
+    returned as one line to say; PreflightError, nothing started, when even the hard limit is too low. `limit`:
+    (soft, hard) instead of this process's (tests)."""
+    import resource
+    from orchestrator.errors import PreflightError
+    need = FDS_PER_NODE * nodes + FDS_SPARE
+    soft, hard = limit or resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return ""
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise PreflightError(Problem("open files", f"{what} of {nodes} nodes needs about {need} open files in the "
+                                     f"submitting process, but its limit is {soft} (hard limit {hard}): raise it "
+                                     f"(`ulimit -n {need}`, or nofile in /etc/security/limits.conf) and submit again"))
+    if limit is None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    return f"raised this process's open-files limit from {soft} to {need} for {what} of {nodes} nodes"

@@ -20,7 +20,7 @@ from typing import Iterator
 
 from orchestrator.core.jobplan import LaunchPlan
 from orchestrator.core.leases import lease_request
-from launchers.base import container_problems, record_container, run_dir_logs, status_from_nodes
+from launchers.base import container_problems, ensure_open_files, record_container, run_dir_logs, status_from_nodes
 from orchestrator.node.agent import agent_argv
 from orchestrator.node.heartbeat import parse_forwarded
 from orchestrator.node.proctools import marked, signal_group, signal_pids
@@ -59,6 +59,10 @@ class LocalLauncher:
         """Starts every node agent at once (nothing to cancel part-way: the supervisor stops them). A container job
         first checks this machine for it (runtime, image, mounts, the stack in the image): PreflightError, nothing
         started."""
+        raised = ensure_open_files(len(submission.nodes), "a local job")
+        if raised:
+            import sys
+            print(f"orchestrate: {raised}", file=sys.stderr)
         if submission.extra.get("leases"):  # GPUs another job leases: LeasesBusy (the api waits), nothing started
             from orchestrator.core.leases import Lock, busy_error_text
             from orchestrator.errors import LeasesBusy

@@ -752,7 +752,8 @@ def outcome_record(result: JobResult, by: str) -> dict[str, Any]:
     in "signal"), the cause and each node's end as judged."""
     return {"state": str(result.state), "exit_code": result.returncode,
             "signal": exit_signal(result.returncode) if result.state == JobState.FAILED else None,
-            "root_cause": result.root_cause, "by": by, "t": time.time(), "nodes": [n.to_dict() for n in result.nodes]}
+            "root_cause": result.root_cause, "by": by, "t": time.time(), "nodes": [n.to_dict() for n in result.nodes],
+            "teardown_at": result.teardown_at}
 
 
 def record_end(store, rd: RunDir, job: str, result: JobResult, restarts: int, on_event=None) -> None:

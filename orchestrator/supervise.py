@@ -381,8 +381,10 @@ class Supervisor:
             job.close()
         stragglers.save(monitor, time.time())
         max_step = max((st.step for st in monitor.snapshot()), default=None)
-        return judge(ends, torn_down_at=torn_down_at, hang=hang, cancel=cancel, scheduler=scheduler, max_step=max_step,
-                     hang_host=hang_host, straggler=straggler, straggler_host=straggler_host, hang_node=hang_node)
+        result = judge(ends, torn_down_at=torn_down_at, hang=hang, cancel=cancel, scheduler=scheduler,
+                       max_step=max_step, hang_host=hang_host, straggler=straggler, straggler_host=straggler_host,
+                       hang_node=hang_node)
+        return dataclasses.replace(result, teardown_at=torn_down_at)
 
     def _host_of(self, job: Running, rank: int) -> str:
         """The host of a global rank's node, as the job names it (the cluster file's host, SLURM's node)."""

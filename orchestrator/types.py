@@ -123,6 +123,7 @@ class JobResult:
     # policy needs to take a bad host out of the job (docs/CONTRACT.md "Bad nodes"); "" when none is.
     culprit_host: str = ""
     culprit_kind: str = ""
+    teardown_at: float | None = None  # wall time the supervisor told the nodes to stop (None: it never had to)
 
 
 @dataclass(frozen=True)

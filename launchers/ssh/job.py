@@ -33,6 +33,7 @@ from orchestrator.events import Beat, Line, NodeEnded, drain
 logger = logging.getLogger("orchestrate.ssh")
 TAIL_LINES = 20
 UNREACHABLE_S = 5.0  # a host silent this long to SSH keepalives is lost
+STOP_MARGIN_S = 3.0  # a node told to stop and still running this long past the grace: the teardown program over SSH
 
 
 @dataclass
@@ -81,29 +82,31 @@ class SSHJob:
         self.nodes = {n.rank: n.host for n in nodes}
         self.handle = handle
         self.q: queue.Queue = queue.Queue()
-        self.hb_files: dict[int, Any] = {}
-        self._lock = threading.Lock()
+        self._hb_dir = False  # RUN_DIR/heartbeats made (the local copies of forwarded heartbeats)
         self._threads: list[threading.Thread] = []
         self.outputs: dict[str, Any] | None = None  # staged hosts: {ssh, python, key, local, fetch, workdirs}
 
     # ---------------------------------------------------------------- what the pumps report
     def heartbeat(self, rec: dict[str, Any]) -> None:
-        """A forwarded heartbeat: an event, and a local copy (status/plot work without a shared filesystem)."""
+        """A forwarded heartbeat: an event, and a local copy (status/plot work without a shared filesystem), appended
+        with an open/write/close of its own: no file kept open per rank (8,192 ranks would need 8,192 fds)."""
         self.q.put(Beat(rec))
         if self.shared_fs or not isinstance(rec.get("rank"), int):
             return
-        with self._lock:
-            fh = self.hb_files.get(rec["rank"])
-            if fh is None:
-                self.rd.mkdir(RunDir.HEARTBEATS)
-                path = self.rd.path(RunDir.heartbeat_rel(rec["rank"]))
-                fh = self.hb_files[rec["rank"]] = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                                                                    0o600), "a")
-            try:
-                fh.write(json.dumps(rec, sort_keys=True) + "\n")
-                fh.flush()
-            except OSError:
-                pass
+        if not self._hb_dir:
+            self.rd.mkdir(RunDir.HEARTBEATS)
+            self._hb_dir = True
+        try:
+            fd = os.open(self.rd.path(RunDir.heartbeat_rel(rec["rank"])), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                         0o600)
+        except OSError:
+            return
+        try:
+            os.write(fd, (json.dumps(rec, sort_keys=True) + "\n").encode())  # (one write: whole lines, O_APPEND)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def emit(self, rank: int, line: str) -> None:
         self.q.put(Line(rank, line))
@@ -138,13 +141,34 @@ class SSHJob:
         return drain(self.q, timeout)
 
     def stop(self, reason: str, grace: float, nodes: set[int] | None = None) -> None:
-        """TERM every selected node's process groups, KILL after the grace, close their stdin (the agents see EOF).
-        Each host in its own thread: an unreachable host delays nobody."""
-        for n in self.node_list:
-            if (nodes is None or n.rank in nodes) and not n.done.is_set():
-                n.torn_down_at = time.monotonic()
-                threading.Thread(target=teardown_node, args=(self, n, grace), daemon=True,
-                                 name=f"ssh-teardown{n.rank}").start()
+        """Stop every selected node: each agent is told over its open channel (a stop line on its stdin, then EOF:
+        it TERMs its launch, KILLs after `grace`), by one thread for all of them, nothing started on the hosts. A
+        node still running STOP_MARGIN_S past the grace (an agent that cannot act: stopped, hung, its channel full)
+        gets the teardown program over SSH (its recorded groups and marked processes), hosts in parallel through
+        the pool's threads. The caller never waits: an unreachable host delays nobody."""
+        targets = [n for n in self.node_list if (nodes is None or n.rank in nodes) and not n.done.is_set()]
+        now = time.monotonic()
+        for n in targets:
+            n.torn_down_at = now
+        if targets:
+            threading.Thread(target=self._stop, args=(targets, reason, grace), daemon=True,
+                             name="ssh-teardown").start()
+
+    def _stop(self, nodes: list[Node], reason: str, grace: float) -> None:
+        line = (json.dumps({"stop": reason, "grace": grace}) + "\n").encode()
+        told = [n for n in nodes if tell_stop(n, line)]
+        deadline = time.monotonic() + grace + STOP_MARGIN_S
+        for n in told:
+            n.done.wait(max(0.0, deadline - time.monotonic()))
+        left = [n for n in nodes if not n.done.is_set() and not n.lost]
+        if left:
+            logger.debug("teardown: %d node(s) not ended %.1f s after being told: the teardown program on their hosts",
+                         len(left), grace + STOP_MARGIN_S)
+            by_host = {n.host: n for n in left}
+            try:
+                self.pool.map(lambda h: teardown_node(self, by_host[h], grace), list(by_host))
+            except Exception as e:  # noqa: BLE001 - the pool closed meanwhile (the job ended)
+                logger.debug("teardown fallback: %s", e)
 
     def stopped_ranks(self, stacks: bool = True) -> dict[int, int]:
         return diagnose(self, self.python)  # the agents' --diagnose keeps stacks on each host
@@ -154,12 +178,6 @@ class SSHJob:
             n.done.wait(timeout=2)
         fetch_back(self)
         fetch_job_outputs(self)
-        with self._lock:
-            for fh in self.hb_files.values():
-                try:
-                    fh.close()
-                except OSError:
-                    pass
         self.pool.close()
 
 
@@ -346,6 +364,20 @@ def watch_agent(job: SSHJob, node: Node) -> None:
     """Read the node's AgentRecord as soon as the agent wrote it (teardown needs its groups)."""
     while not node.done.is_set() and not read_agent(job, node):
         node.done.wait(0.25)
+
+
+def tell_stop(node: Node, line: bytes) -> bool:
+    """Send a node's agent the stop line and EOF over its open channel; False when that cannot be done at once (no
+    channel, closed, or its window full: a host that does not read)."""
+    chan = node.chan
+    try:
+        if chan is None or chan.closed or not chan.send_ready():
+            return False
+        chan.sendall(line)
+        chan.shutdown_write()  # EOF: the agent stops on it as well (and a lost line still ends the node)
+        return True
+    except Exception:  # noqa: BLE001 - the connection went away meanwhile
+        return False
 
 
 def teardown_node(job: SSHJob, node: Node, grace: float) -> None:

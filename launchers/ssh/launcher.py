@@ -25,12 +25,13 @@ from orchestrator.core.jobplan import LaunchPlan
 from orchestrator.core.schema import is_secret_name
 from orchestrator.core.leases import busy_error_text, lease_request
 from orchestrator.errors import LaunchError, LeasesBusy, PreflightError, Problem
-from launchers.base import container_problems, record_container, run_dir_logs, status_from_nodes
+from launchers.base import container_problems, ensure_open_files, record_container, run_dir_logs, status_from_nodes
 from launchers.ssh.job import Node, SSHJob, copy_run_dir, node_at_host, rank_at_host
 from launchers.ssh.remote import (WRAPPER_MARK, agent_shell, await_probe, close_channel, teardown_command,
                                   unstage_command)
 from launchers.ssh.stage import agent_prefix
-from orchestrator.node.agent import MODULE, agent_argv
+from orchestrator.node.agent import EMULATE_FLAG, MODULE, agent_argv
+from orchestrator.node.emulate import EMULATE_VAR
 from orchestrator.node.rundir import RunDir
 from orchestrator.types import JobHandle, JobStatus, NodeCommand, Submission
 
@@ -306,7 +307,10 @@ class SSHLauncher:
         """Stage (private hosts), pre-flight every host, copy the run dir, then start every agent at once. Until that
         start, `cancel` set (Ctrl-C) stops it within a poll: every connection closed, so each host's waiting agent
         stands down, and SubmitCancelled raised; after it the supervisor stops the job."""
-        sub, local = submission, run_dir
+        sub, local = emulated(submission), run_dir
+        raised = ensure_open_files(len(sub.nodes), "an SSH job")
+        if raised:
+            logger.warning("%s", raised)
         t0 = time.time()
         pool, staged, sessions = self.pool(), None, None
         pool.cancel = cancel
@@ -428,6 +432,16 @@ class SSHLauncher:
     def logs(self, handle: JobHandle, run_dir: RunDir, node: int | None = None) -> Iterator[str]:
         hosts = {n["rank"]: n["host"] for n in handle.data.get("nodes", [])}
         return run_dir_logs(run_dir, node, hosts)
+
+
+def emulated(sub: Submission) -> Submission:
+    """Benchmarks and tests only: ORCHESTRATE_EMULATE set on the submit side reaches every host's agent explicitly
+    (`--emulate`; the SSH agents do not inherit the submitter's environment): its ranks are emulated
+    (orchestrator.node.emulate). Read at submit, not in the pure prepare: `render` never shows it."""
+    spec = os.environ.get(EMULATE_VAR)
+    if not spec:
+        return sub
+    return replace(sub, nodes=tuple(replace(n, argv=tuple(n.argv) + (EMULATE_FLAG, spec)) for n in sub.nodes))
 
 
 # ------------------------------------------------------------------ pre-flight: network and GPUs (docs/gpus.md)

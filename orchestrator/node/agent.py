@@ -27,7 +27,7 @@ from pathlib import Path
 from orchestrator.core.hostlist import first_host
 from orchestrator.core.jobplan import AGENT_ENV, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan
 from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_marked, marked, marked_ranks,
-                                         process_start_time, signal_group, signal_pids)
+                                         process_start_time, ranks_of, signal_group, signal_pids)
 from orchestrator.node.emulate import EMULATE_VAR, emulator_argv
 from orchestrator.node.emulate import parse as parse_emulate
 from orchestrator.node.ranklines import RankRelay
@@ -39,6 +39,7 @@ HOOKS_DIR = Path(__file__).resolve().parent / "hooks"  # zero-code health hooks 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # holds orchestrator/ and recipes/ (what a container mounts)
 
 RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
+EMULATE_FLAG = "--emulate"  # SPEC: ORCHESTRATE_EMULATE for an agent that does not inherit the submitter's env
 NODELIST_ENV = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 
 
@@ -107,7 +108,7 @@ def agent_argv(python: str, run_dir: str, *, node_rank: int | None = None, watch
                grace: float | None = None, probe: dict | None = None, action: str | None = None,
                module: str = MODULE) -> tuple[str, ...]:
     """The node agent's argv: the ONE place it is spelled (local, SSH, SLURM, sbatch, teardown, diagnosis).
-    `action` is None (run the node), "kill", "diagnose" or "status"."""
+    `action` is None (run the node), "kill", "diagnose" or "status". (Benchmarks and tests append EMULATE_FLAG SPEC.)"""
     argv = [python, "-m", module, run_dir]
     if node_rank is not None:
         argv += ["--node-rank", str(node_rank)]
@@ -395,16 +396,20 @@ class Agent:
         self.stopping.set()
         pgid = self.proc.pid
         signal_group(pgid, first)
-        signal_pids(marked(self.token), first)  # the ranks live in sessions of their own (torchrun)
-        signal_pids(marked(self.token), signal.SIGCONT)  # a stopped (hung) rank must run to act on TERM
+        pids = marked(self.token)  # the ranks live in sessions of their own (torchrun); one scan of /proc for both
+        signal_pids(pids, first)
+        signal_pids(pids, signal.SIGCONT)  # a stopped (hung) rank must run to act on TERM
 
         def escalate() -> None:
             deadline = time.monotonic() + self.grace
-            # Until every rank is gone (saved or not): the launcher then has nothing left to wait for.
-            while time.monotonic() < deadline and marked_ranks(self.token):
+            left = pids
+            # Until every rank is gone (saved or not): the launcher then has nothing left to wait for. (Each look is
+            # a scan of every process on the host: what it found is what gets the KILL.)
+            while ranks_of(left) and time.monotonic() < deadline:
                 time.sleep(0.05)
+                left = marked(self.token)
             signal_group(pgid, signal.SIGKILL)
-            signal_pids(marked(self.token), signal.SIGKILL)
+            signal_pids(left, signal.SIGKILL)  # (anything that appeared since: wait()'s sweep after the launch)
         threading.Thread(target=escalate, daemon=True).start()
 
     def watch_ranks(self) -> None:
@@ -427,12 +432,27 @@ class Agent:
         threading.Thread(target=run, daemon=True, name="rank-watch").start()
 
     def watch_stdin(self) -> None:
+        """The controlling connection (SSH): a line `{"stop": REASON, "grace": S}` stops the node now, for that reason,
+        with that grace (the submitter's teardown: one message over the open channel, no remote command to start);
+        EOF (the connection or the submitter died) stops it too."""
         def run() -> None:
             # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader makes the interpreter
             # abort at exit ("_enter_buffered_busy").
+            buf = b""
             try:
-                while os.read(0, 4096):
-                    pass
+                while data := os.read(0, 4096):
+                    buf += data
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        try:
+                            msg = json.loads(line)
+                        except ValueError:
+                            continue
+                        if isinstance(msg, dict) and msg.get("stop"):
+                            if isinstance(msg.get("grace"), (int, float)):
+                                self.grace = float(msg["grace"])
+                            self.stop(str(msg["stop"]))
+                    buf = buf[-65536:]
             except OSError:
                 pass
             self.stop("controlling connection closed (stdin EOF)")
@@ -629,10 +649,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--status", action="store_true", help="print one JSON line per node: agent alive, exit record")
     ap.add_argument("--forward-heartbeats", action="store_true",
                     help="print the ranks' heartbeats on stdout as ORCHESTRATE_HB lines")
+    ap.add_argument(EMULATE_FLAG, metavar="SPEC", default=None,
+                    help=f"benchmarks and tests only: set {EMULATE_VAR} (emulated ranks, orchestrator.node.emulate)")
     ap.add_argument("--probe", metavar="JSON", default=None,
                     help='pre-flight first ({"workdir", "port", "check"}, see orchestrator.node.probe): print '
                          "the result, then start only when a line arrives on stdin (EOF: exit, nothing started)")
     args = ap.parse_args(argv)
+    if args.emulate:
+        os.environ[EMULATE_VAR] = args.emulate
     parent = os.getppid()  # before anything can make this process an orphan
     os.umask(0o077)  # everything the agent and its launch create in the run dir is owner-only
     lease = None  # the host's / GPUs' lease (core.leases): held by this process until it ends
@@ -694,7 +718,11 @@ def main(argv: list[str] | None = None) -> int:
     if not started:
         print(f"orchestrate node agent: {agent.stop_reason}; nothing started", file=sys.stderr)
         return 143
-    agent.watch_ranks()
+    # Emulated ranks (orchestrator.node.emulate): one process, no rank of its own to watch (RankWatch would scan /proc
+    # for ranks that never come) and no rendezvous port to reach; its death is the launch's, which wait() sees.
+    emulated = bool(os.environ.get(EMULATE_VAR))
+    if not emulated:
+        agent.watch_ranks()
     if args.watch_stdin:
         agent.watch_stdin()
     if args.watch_parent:
@@ -703,7 +731,8 @@ def main(argv: list[str] | None = None) -> int:
         agent.forward_heartbeats()
     if args.monitor or (args.monitor is None and plan.cluster_kind == "slurm"):
         agent.monitor()
-    agent.watch_main_reachable()
+    if not emulated:
+        agent.watch_main_reachable()
     code = agent.wait()
     if lease is not None:
         lease.release()  # (the exit would too; said here so the lease visibly lives as long as the job)

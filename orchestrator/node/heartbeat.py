@@ -30,30 +30,32 @@ class HeartbeatTail:
         self.dir = Path(directory)
         self.ranks = ranks
         self.offsets: dict[Path, int] = {}
-        if from_end and self.dir.is_dir():
-            for path in self.dir.glob("rank*.jsonl"):
+        self._paths: list[Path] | None = None
+        if from_end:
+            for path in self.paths():
                 try:
                     self.offsets[path] = path.stat().st_size
                 except OSError:
                     pass
 
+    def paths(self) -> list[Path]:
+        """The files to read: the given ranks' own (a node agent's: never a listing of every rank's file in a shared
+        directory, which made each of N agents cost O(N) per read), else every rank<G>.jsonl there is."""
+        if self.ranks is not None:
+            if self._paths is None:
+                self._paths = [self.dir / f"rank{g}.jsonl" for g in sorted(self.ranks)]
+            return self._paths
+        return sorted(self.dir.glob("rank*.jsonl")) if self.dir.is_dir() else []
+
     def read(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        if not self.dir.is_dir():
-            return out
-        for path in sorted(self.dir.glob("rank*.jsonl")):
-            if self.ranks is not None:
-                try:
-                    if int(path.stem[4:]) not in self.ranks:
-                        continue
-                except ValueError:
-                    continue
+        for path in self.paths():
             off = self.offsets.get(path, 0)
             try:
                 with open(path, "rb") as f:
                     f.seek(off)
                     data = f.read()
-            except OSError:
+            except OSError:  # (not there yet)
                 continue
             end = data.rfind(b"\n")
             if end < 0:

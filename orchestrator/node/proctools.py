@@ -20,15 +20,34 @@ import time
 from orchestrator.core.container import TOKEN_VAR  # (the one definition; containers pass it in by name)
 
 
+def _read(path: str, chunk: int = 8192) -> bytes | None:
+    """A small /proc file's bytes (None when it cannot be read: the process is gone). os.open/os.read: a scan of
+    every process reads thousands of these, and a buffered file object costs more than the read itself."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, chunk)
+        while len(data) % chunk == 0 and data:  # (a large environment: the rest)
+            more = os.read(fd, chunk)
+            if not more:
+                break
+            data += more
+        return data
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _stat_fields(pid: int | str) -> list[str] | None:
     """/proc/PID/stat from field 3 (state) on (the command name, which may hold spaces and ")", cut off), or
     None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode(errors="replace")
-    except OSError:
+    data = _read(f"/proc/{pid}/stat")
+    if data is None:
         return None
-    return data[data.rfind(")") + 2:].split()
+    return data[data.rfind(b")") + 2:].decode(errors="replace").split()
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -68,7 +87,7 @@ def signal_group(pgid: int, sig: int) -> bool:
 def kill_group(pgid: int, grace: float = 5.0, poll: float = 0.05) -> float:
     """TERM the group, KILL whatever is left after `grace` seconds. Returns seconds until empty."""
     t0 = time.monotonic()
-    if not group_members(pgid):
+    if not signal_group(pgid, 0) or not group_members(pgid):  # (no process in it at all: one syscall, no scan)
         return 0.0
     signal_group(pgid, signal.SIGTERM)
     deadline = t0 + grace
@@ -152,31 +171,46 @@ def dump_stack(pid: int, timeout: float = 20.0) -> str:
 
 
 def _environ(pid: int) -> list[bytes]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return []
+    data = _read(f"/proc/{pid}/environ")
+    return data.split(b"\0") if data else []
+
+
+def _carries(data: bytes, item: bytes) -> bool:
+    """Whether a NUL-separated environment holds exactly `item` (NAME=value), without splitting it."""
+    at = data.find(item)
+    while at >= 0:
+        end = at + len(item)
+        if (at == 0 or data[at - 1] == 0) and (end == len(data) or data[end] == 0):
+            return True
+        at = data.find(item, at + 1)
+    return False
 
 
 def marked(token: str) -> list[int]:
-    """Live pids whose environment carries ORCHESTRATE_JOB_TOKEN=token (this user's, or all as root)."""
+    """Live pids whose environment carries ORCHESTRATE_JOB_TOKEN=token (this user's, or all as root). One scan of
+    /proc: each process's environ read raw and searched, not parsed (on a machine of many processes, such as loopback
+    hosts sharing one, every node agent's teardown scans them all)."""
     needle = f"{TOKEN_VAR}={token}".encode()
     me = os.getpid()
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
-        pid = int(name)
-        if needle in _environ(pid) and alive(pid):
-            out.append(pid)
+        data = _read(f"/proc/{name}/environ")
+        if data and needle in data and _carries(data, needle) and alive(int(name)):
+            out.append(int(name))
     return sorted(out)
 
 
 def marked_ranks(token: str) -> dict[int, int]:
     """Global rank -> pid among a launch's marked processes (those with RANK set: the workers)."""
+    return ranks_of(marked(token))
+
+
+def ranks_of(pids: list[int]) -> dict[int, int]:
+    """Global rank -> pid among `pids` (marked processes; those with RANK set: the workers)."""
     out: dict[int, int] = {}
-    for pid in marked(token):
+    for pid in pids:
         for item in _environ(pid):
             if item.startswith(b"RANK="):
                 try:

@@ -24,7 +24,8 @@ RUN_DIR/heartbeats/rank<G>.exit      {"pid", "code"}: how rank G left Python's e
 RUN_DIR/stacks/rank<G>.txt           py-spy stacks of a hung job's ranks (node agent / supervisor)
 RUN_DIR/outcome.json                 how the job's last attempt ended, per node, as judged: {"state", "exit_code",
                                      "signal", "root_cause", "by", "t", "nodes": [{"node", "host", "end",
-                                     "exit_code", "signal", "note"}]} (the supervising process, or the `status`
+                                     "exit_code", "signal", "note"}], "teardown_at": when the supervisor told the
+                                     nodes to stop, or null} (the supervising process, or the `status`
                                      that recorded the end of a job nobody supervised)
 ```
 

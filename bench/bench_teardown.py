@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""Teardown at scale, with real node agents (issue #29; not CI; a small size runs in
+tests/local_backend/test_scale_local.py): a job of N nodes x 8 emulated ranks (orchestrator.node.emulate: one stdlib
+process per node writes every rank's heartbeats through the real writer, `--rate` per second), submitted with the
+real CLI (`orchestrate submit`, a process of its own) on
+- `local`: N node agents on this machine;
+- `ssh`: N loopback sshd hosts (scripts/sshd_hosts.py, shared filesystem), one real agent per host over paramiko.
+
+Once every node's agent has started and every rank has a heartbeat, the submitting process is sampled from /proc over
+`--window` seconds of heartbeats (CPU share, threads, open fds, RSS), then ONE node's emulated launcher (its pid in
+RUN_DIR/nodes/<r>/agent.json) is SIGKILLed, and timed:
+- decision: kill -> the supervisor told every other node to stop (outcome.json "teardown_at");
+- gone: kill -> the LAST process of the job is gone: every node's agent, emulator and (SSH) `setsid` wrapper, and
+  anything still carrying a node's marker (the hosts are on loopback: their pids are visible here, checked before
+  the kill: each agent's environment must carry its node's token);
+- the job's record: FAILED, naming the killed node.
+
+    .venv/bin/python bench/bench_teardown.py [--backends local ssh] [--sizes 2 8 64 256] [--repeat 3]
+        [--rate 1] [--window 5] [--plot bench/results/teardown.png]
+
+Needs root for the SSH hosts. Writes bench/results/teardown.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "tests"))
+
+import scale_job  # noqa: E402  (tests/scale_job.py: the CI test's driver of the same job)
+from orchestrator.node.proctools import alive, marked  # noqa: E402
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+JOB_YAML = "run:\n  script: %s\nlaunch: {procs_per_node: %d}\n"
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_sample(pid: int) -> dict:
+    """CPU seconds (user + system), threads, open fds and RSS of `pid`, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        rest = f.read().rsplit(")", 1)[1].split()
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {"cpu_s": (int(rest[11]) + int(rest[12])) / CLK, "threads": int(status["Threads"]),
+            "fds": len(os.listdir(f"/proc/{pid}/fd")), "rss_mb": round(int(status["VmRSS"].split()[0]) / 1024, 1)}
+
+
+def wait_for(pred, timeout: float, what: str, every: float = 0.2):
+    try:
+        return scale_job.wait_for(pred, timeout, what, every)
+    except AssertionError as e:
+        raise RuntimeError(str(e)) from None
+
+
+def has_step(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return b'"step"' in f.read(4096)
+    except OSError:
+        return False
+
+
+class Run:
+    """One submit of an emulated N x ppn job and its kill."""
+
+    def __init__(self, home: Path, work: Path, nodes: int, ppn: int, rate: float, cluster: Path | None):
+        self.home, self.work, self.nodes, self.ppn = home, work, nodes, ppn
+        runs = home / "runs"
+        before = set(os.listdir(runs)) if runs.is_dir() else set()
+        argv = [sys.executable, "-m", "orchestrator.cli", "submit", str(work / "job.yaml"), "--nodes", str(nodes)]
+        if cluster is not None:
+            argv += ["--cluster", str(cluster)]
+        env = {**os.environ, **OFFLINE, "ORCHESTRATE_HOME": str(home), "PYTHONPATH": str(REPO),
+               "ORCHESTRATE_EMULATE": f"rate={rate:g},steps=100000"}
+        self.out = open(work / f"submit-{nodes}-{time.time():.0f}.log", "w")
+        self.t_submit = time.monotonic()
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=self.out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        new = wait_for(lambda: set(os.listdir(runs)) - before if runs.is_dir() else None, 60, "the run dir")
+        self.rd = runs / sorted(new)[0]
+
+    def records(self) -> list[dict] | None:
+        """Every node's agent.json once all exist (else None)."""
+        out = []
+        for r in range(self.nodes):
+            try:
+                out.append(json.loads((self.rd / "nodes" / str(r) / "agent.json").read_text()))
+            except (OSError, ValueError):
+                return None
+        return out
+
+    def wait_running(self, timeout: float) -> list[dict]:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"submit ended early ({self.proc.returncode}): {self.tail()}")
+        def ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"submit ended ({self.proc.returncode}) before every agent started: {self.tail()}")
+            return self.records()
+        agents = wait_for(ready, timeout, f"{self.nodes} agents")
+        t_agents = time.monotonic() - self.t_submit
+        pending = {g for g in range(self.nodes * self.ppn)}
+        hb = self.rd / "heartbeats"
+
+        def all_beat() -> bool:
+            for g in list(pending):
+                if has_step(hb / f"rank{g}.jsonl"):
+                    pending.discard(g)
+            return not pending
+        wait_for(all_beat, timeout, "every rank's first heartbeat", every=0.5)
+        self.started = {"agents_s": round(t_agents, 2), "heartbeats_s": round(time.monotonic() - self.t_submit, 2)}
+        return agents
+
+    def tail(self) -> str:
+        self.out.flush()
+        return Path(self.out.name).read_text()[-1500:]
+
+
+def job_pids(agents: list[dict], rd: Path) -> dict[int, str]:
+    """pid -> role of every process of the job this machine can see: each node's agent and launch (the emulator),
+    the SSH wrapper (`setsid -w`, from handle.json), and whatever carries a node's marker."""
+    roles: dict[int, str] = {}
+    for a in agents:
+        r = a["node_rank"]
+        roles[a["agent_pid"]] = f"agent{r}"
+        roles[a["pid"]] = f"launch{r}"
+        for p in marked(a["token"]):
+            roles.setdefault(p, f"marked{r}")
+    try:
+        handle = json.loads((rd / "handle.json").read_text())
+        for n in handle.get("data", {}).get("nodes", []):
+            if n.get("wrapper_pid"):
+                roles[int(n["wrapper_pid"])] = f"wrapper{n['rank']}"
+    except (OSError, ValueError):
+        pass
+    return roles
+
+
+def check_visible(agents: list[dict]) -> None:
+    """Every agent's pid runs here and carries its node's token: the hosts' processes are this machine's."""
+    for a in agents:
+        try:
+            env = Path(f"/proc/{a['pid']}/environ").read_bytes().split(b"\0")
+        except OSError:
+            env = []
+        if not alive(a["agent_pid"]) or f"ORCHESTRATE_JOB_TOKEN={a['token']}".encode() not in env:
+            raise RuntimeError(f"node {a['node_rank']}: agent pid {a['agent_pid']} / launch {a['pid']} not visible "
+                               "here with its token")
+
+
+def one(args, backend: str, n: int, i: int, home: Path, work: Path, cluster: Path | None) -> dict:
+    run = Run(home, work, n, args.ppn, args.rate, cluster)
+    kept: dict[int, str] = {}
+    try:
+        agents = run.wait_running(args.start_timeout)
+        check_visible(agents)
+        time.sleep(1.0)  # every node in its steady heartbeat phase
+        a = proc_sample(run.proc.pid)
+        t = time.monotonic()
+        time.sleep(args.window)
+        b = proc_sample(run.proc.pid)
+        cpu = (b["cpu_s"] - a["cpu_s"]) / (time.monotonic() - t)
+        roles = job_pids(agents, run.rd)
+        kept = dict(roles)
+        victim_node = n // 2
+        victim = agents[victim_node]["pid"]
+        t_kill_wall, t0 = time.time(), time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        gone_at: dict[str, float] = {}
+        left = set(roles)
+        while left and time.monotonic() - t0 < args.gone_timeout:
+            now = time.monotonic() - t0
+            for p in [p for p in left if not alive(p)]:
+                left.discard(p)
+                gone_at[roles[p]] = now
+            time.sleep(0.005)
+        gone = time.monotonic() - t0
+        leftovers = [p for p in left] + [p for a in agents for p in marked(a["token"])]
+        rc = run.proc.wait(timeout=120)
+        submit_exit = time.monotonic() - t0
+        outcome = json.loads((run.rd / "outcome.json").read_text())
+        ok = outcome["state"] == "FAILED" and f"node {victim_node} " in outcome["root_cause"] and rc != 0
+        decision = (outcome["teardown_at"] - t_kill_wall) if outcome.get("teardown_at") else None
+        try:
+            victim_exit = json.loads((run.rd / "nodes" / str(victim_node) / "exit.json").read_text())["time"] \
+                - t_kill_wall
+        except (OSError, ValueError, KeyError):
+            victim_exit = None
+        last = sorted(gone_at.items(), key=lambda kv: kv[1])[-3:]
+        row = {"backend": backend, "nodes": n, "ranks": n * args.ppn, "run": i, **run.started,
+               "submit_cpu_pct": round(100 * cpu, 2), "heartbeats_per_s": n * args.ppn * args.rate,
+               "threads": b["threads"], "fds": b["fds"], "rss_mb": b["rss_mb"],
+               "victim_agent_exit_s": round(victim_exit, 3) if victim_exit is not None else None,
+               "decision_s": round(decision, 3) if decision is not None else None,
+               "gone_s": round(gone, 3) if not left else None, "left": sorted(leftovers),
+               "submit_exit_s": round(submit_exit, 3), "processes": len(roles), "last_gone": last,
+               "state": outcome["state"], "root_cause": outcome["root_cause"][:200], "record_ok": ok, "rc": rc}
+        print(json.dumps(row), flush=True)
+        return row
+    finally:
+        if run.proc.poll() is None:
+            os.killpg(run.proc.pid, signal.SIGTERM)
+            try:
+                run.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(run.proc.pid, signal.SIGKILL)
+        for p in kept:  # only what this run started
+            if alive(p):
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        run.out.close()
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    out = []
+    for key in sorted({(r["backend"], r["nodes"]) for r in rows}):
+        rs = [r for r in rows if (r["backend"], r["nodes"]) == key]
+        s = {"backend": key[0], "nodes": key[1], "ranks": rs[0]["ranks"], "runs": len(rs)}
+        for k in ("gone_s", "decision_s", "victim_agent_exit_s", "submit_exit_s", "submit_cpu_pct", "threads", "fds",
+                  "rss_mb", "agents_s", "heartbeats_s"):
+            v = [r[k] for r in rs if r.get(k) is not None]
+            if v:
+                s[k] = round(statistics.median(v), 3)
+                s[k + "_range"] = [min(v), max(v)]
+        s["all_gone"] = all(r["gone_s"] is not None for r in rs)
+        s["records_ok"] = all(r["record_ok"] for r in rs)
+        out.append(s)
+    return out
+
+
+def plot(summary: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for backend, marker in (("local", "o"), ("ssh", "s")):
+        rs = [s for s in summary if s["backend"] == backend and "gone_s" in s]
+        if not rs:
+            continue
+        x = [s["nodes"] for s in rs]
+        y = [s["gone_s"] for s in rs]
+        err = [[s["gone_s"] - s["gone_s_range"][0] for s in rs], [s["gone_s_range"][1] - s["gone_s"] for s in rs]]
+        ax.errorbar(x, y, yerr=err, marker=marker, capsize=3, label=f"{backend}: kill -> last process gone")
+        d = [s for s in rs if "decision_s" in s]
+        ax.plot([s["nodes"] for s in d], [s["decision_s"] for s in d], marker=marker, linestyle=":",
+                label=f"{backend}: kill -> supervisor's stop")
+    ax.axhline(2.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("nodes (hosts) x 8 emulated ranks")
+    ax.set_ylabel("seconds after one node's launcher is SIGKILLed")
+    ax.set_title("teardown at scale (median, range)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backends", nargs="+", default=["local", "ssh"], choices=("local", "ssh"))
+    ap.add_argument("--sizes", type=int, nargs="+", default=[2, 8, 64, 256])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--ppn", type=int, default=8, help="emulated ranks per node")
+    ap.add_argument("--rate", type=float, default=1.0, help="heartbeats per second per rank")
+    ap.add_argument("--window", type=float, default=5.0, help="seconds of heartbeats the submitter is sampled over")
+    ap.add_argument("--start-timeout", type=float, default=600.0)
+    ap.add_argument("--gone-timeout", type=float, default=60.0)
+    ap.add_argument("--base-ip", default="127.0.40.2")
+    ap.add_argument("--port", type=int, default=2226)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "teardown.json"))
+    ap.add_argument("--plot", default=None, help="a PNG of teardown time versus nodes")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-teardown-"))
+    home, work = tmp / "home", tmp / "work"
+    home.mkdir()
+    work.mkdir()
+    (work / "train.py").write_text("raise SystemExit('emulated: never run')\n")
+    (work / "job.yaml").write_text(JOB_YAML % (work / "train.py", args.ppn))
+    rows: list[dict] = []
+    tb = None
+    try:
+        for backend in args.backends:
+            cluster = None
+            if backend == "ssh":
+                import sshd_hosts
+                import yaml
+                why = sshd_hosts.prerequisites()
+                if why:
+                    print(f"bench_teardown: ssh skipped: {why}", file=sys.stderr)
+                    continue
+                tb = sshd_hosts.up(max(args.sizes), tmp / "sshd", base_ip=args.base_ip, port=args.port, timeout=120)
+            for n in args.sizes:
+                if tb is not None and backend == "ssh":
+                    cluster = work / f"cluster-{n}.yaml"
+                    cluster.write_text(yaml.safe_dump(tb.cluster("bench", hosts=tb.hosts[:n], shared_fs=True,
+                                                                 connect_timeout=30)))
+                for i in range(args.repeat):
+                    try:
+                        rows.append(one(args, backend, n, i, home, work, cluster))
+                    except RuntimeError as e:
+                        print(f"{backend} {n} run {i}: {e}", file=sys.stderr, flush=True)
+                        rows.append({"backend": backend, "nodes": n, "ranks": n * args.ppn, "run": i,
+                                     "error": str(e)[:500], "gone_s": None, "record_ok": False})
+            if tb is not None:
+                sshd_hosts.down(tmp / "sshd")
+                tb = None
+    finally:
+        if tb is not None:
+            import sshd_hosts
+            sshd_hosts.down(tmp / "sshd")
+    summary = summarize([r for r in rows if "error" not in r])
+    for s in summary:
+        print(json.dumps(s), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
+                                          "ppn": args.ppn, "rate": args.rate, "window_s": args.window,
+                                          "summary": summary, "runs": rows}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    if args.plot:
+        plot(summary, Path(args.plot))
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
