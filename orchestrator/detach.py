@@ -73,3 +73,22 @@ def live_supervisor(job: str) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return pid if pid != os.getpid() and same_process(pid, start or None) else None  # (0: start not recorded)
+
+
+def live_sweep_runner(doc: dict) -> int | None:
+    """The pid of a sweep's runner while it runs (its record's `runner_pid` is still that process: an orchestrate
+    submit, with --sweep or of a job file with a sweep: block, not a point's (--job-id), started before the sweep
+    was recorded); None when it is gone."""
+    from pathlib import Path
+    from orchestrator.node.proctools import process_start_time
+    pid = doc.get("runner_pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    started = process_start_time(pid)
+    ok = (b"submit" in argv and b"--job-id" not in argv and started is not None
+          and started <= float(doc.get("created") or 0) + 1)
+    return pid if ok else None

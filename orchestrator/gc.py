@@ -7,11 +7,13 @@ ones; `jobs` limits it to those ids (unique prefixes accepted). Every other job 
 still supervised, kept as FAILED, or that could not be cleaned everywhere are listed under `kept` with why.
 
 What goes, per job: its run dir (ORCHESTRATE_HOME/runs/<job>, or slurm.workdir/runs/<job> on the shared filesystem),
-its detached supervisor's log, and last its store record. For an SSH job without a shared filesystem, first each
-host's WORKDIR/runs/<job> and the staging cache trees and blobs that no other run dir on that host names (the host
-side is orchestrator/node/hostgc.py, sent over SSH as source, so it runs where orchestrate is not installed). Output
-dirs only with `outputs` (the local one, and on SSH hosts WORKDIR/outputs/<key>), and only when no kept job of this
-store (or, on a host, no other run dir) uses the same one. A job whose hosts could not all be cleaned keeps its run
+its detached supervisor's log, and last its store record. Then each sweep none of whose points is left in the store
+(and whose runner is gone): its record, log, plot and SLURM array folder (`sweep_items`). For an SSH job without a
+shared filesystem, first each host's WORKDIR/runs/<job> and the staging cache trees and blobs that no other run dir
+on that host names (the host side is orchestrator/node/hostgc.py, sent over SSH as source, so it runs where
+orchestrate is not installed). Output dirs only with `outputs` (the local one, and on SSH hosts
+WORKDIR/outputs/<key>), and only when no kept job of this store (or, on a host, no other run dir) uses the same one.
+A job whose hosts could not all be cleaned keeps its run
 dir and record (they say where its hosts are), so the next gc finishes it.
 
 `dry_run` computes and returns exactly the same items and removes nothing; `local_only` asks no host (for hosts gone
@@ -251,7 +253,7 @@ def gc(older_than_s: float, keep_failed: bool = False, jobs: tuple[str, ...] = (
     chosen, kept, newer = select(older_than_s, keep_failed, jobs, progress)
     report = Report(dry_run=dry_run, kept=kept, newer=newer)
     if not chosen:
-        return report
+        return _sweeps(report, dry_run)
     # the hosts first: a job whose hosts could not all be cleaned keeps what says where they are
     groups: dict[Any, dict[str, dict[str, list[str]]]] = {}
     for rec in chosen:
@@ -315,7 +317,47 @@ def gc(older_than_s: float, keep_failed: bool = False, jobs: tuple[str, ...] = (
             report.removed.append(rec.id)
         else:
             report.kept[rec.id] = "its local files could not all be removed; run gc again"
+    return _sweeps(report, dry_run)
+
+
+def _sweeps(report: Report, dry_run: bool) -> Report:
+    """The sweeps left without a point (after this gc's removals): `sweep_items`, removed unless `dry_run`."""
+    from orchestrator.store import JobStore
+    remaining = {r.id for r in JobStore().list(None)} - set(report.removed)
+    for item in sweep_items(remaining):
+        if not dry_run:
+            try:
+                shutil.rmtree(item.path) if Path(item.path).is_dir() else Path(item.path).unlink(missing_ok=True)
+            except OSError as e:
+                item = Freed(**dict(asdict(item), error=f"{e.strerror or e}"))
+        report.items.append(item)
     return report
+
+
+def sweep_items(remaining: set[str]) -> list[Freed]:
+    """What is left of the sweeps none of whose points is in the store any more (`remaining`: the job ids kept) and
+    whose runner is gone: the record (ORCHESTRATE_HOME/sweeps/<id>.json), a detached runner's log, the plot, and a
+    SLURM sweep's array folder (<slurm.workdir>/sweeps/<id>: its script, SLURM's and submitit's files)."""
+    from orchestrator.detach import live_sweep_runner
+    from orchestrator.store import sweeps_dir
+    out: list[Freed] = []
+    d = sweeps_dir()
+    for path in sorted(d.glob("sweep-*.json")) if d.is_dir() else []:
+        doc = _read_json(path)
+        if not isinstance(doc, dict) or doc.get("id") != path.stem:
+            continue
+        if any(pt.get("job_id") in remaining for pt in doc.get("points") or []) or live_sweep_runner(doc):
+            continue
+        sid = doc["id"]
+        out.append(Freed(sid, "local", "sweep record", str(path), path.stat().st_size))
+        for suffix, what in ((".log", "sweep log"), (".png", "sweep plot")):
+            extra = path.with_suffix(suffix)
+            if extra.is_file():
+                out.append(Freed(sid, "local", what, str(extra), extra.stat().st_size))
+        folder = Path(doc["sbatch"]).parent if doc.get("sbatch") else None
+        if folder is not None and folder.name == sid and folder.is_dir() and not folder.is_symlink():
+            out.append(Freed(sid, "local", "sweep folder", str(folder), du(folder)))
+    return out
 
 
 def groups_jobs(groups: dict, host: str, wd: str) -> list[str]:

@@ -70,6 +70,12 @@ def home() -> Path:
     return Path(os.environ.get("ORCHESTRATE_HOME", "~/.orchestrate")).expanduser()
 
 
+def sweeps_dir() -> Path:
+    """ORCHESTRATE_HOME/sweeps: a sweep's record <id>.json, a detached runner's output <id>.log, its plot <id>.png
+    (orchestrator.sweep writes them, orchestrator.gc removes them with the sweep's last point)."""
+    return home() / "sweeps"
+
+
 def _no_space(path: Path) -> bool:
     """True when the filesystem holding `path` (or its nearest existing parent) has (almost) no room left."""
     p = Path(path)

@@ -37,15 +37,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from orchestrator.core.sweep import Point, check_parallel, expand, point_job_id
+from orchestrator.detach import live_sweep_runner
 from orchestrator.errors import ConfigError, Problem
+from orchestrator.store import sweeps_dir
 
 SWEEPS = "sweeps"
 WAITING = ("PENDING", "REQUEUED", "CONFIGURING")  # an array task's SLURM states before it runs (squeue)
-
-
-def sweeps_dir() -> Path:
-    from orchestrator.store import home
-    return home() / SWEEPS
 
 
 def new_sweep_id() -> str:
@@ -429,20 +426,6 @@ def sweep_text(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _is_runner(pid: int, doc: dict[str, Any]) -> bool:
-    """`pid` is still this sweep's runner (not a process that got its number since): an orchestrate submit (with
-    --sweep, or of a job file with a sweep: block; not a point's, which has --job-id) that started before the sweep
-    was recorded."""
-    from orchestrator.node.proctools import process_start_time
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    started = process_start_time(pid)
-    return (b"submit" in argv and b"--job-id" not in argv and started is not None
-            and started <= float(doc.get("created") or 0) + 1)
-
-
 def cancel(doc: dict[str, Any]) -> dict[str, str]:
     """Stop the sweep: its runner starts no more points (SIGTERM; it cancels the running ones), and every point
     still running is cancelled here too (a runner that is gone leaves them to us). Returns job -> final state."""
@@ -455,7 +438,7 @@ def cancel(doc: dict[str, Any]) -> dict[str, str]:
         except Exception:  # noqa: BLE001 - ended already; each point is cancelled below as well
             pass
     pid = doc.get("runner_pid")
-    if isinstance(pid, int) and pid > 0 and _is_runner(pid, doc):
+    if isinstance(pid, int) and pid > 0 and live_sweep_runner(doc) == pid:
         try:
             os.kill(pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
@@ -556,7 +539,7 @@ def follow(doc: dict[str, Any], say: Callable[[str], None], poll_s: float = 0.5)
     with open(log, "rb") as f:
         buf = b""
         while True:
-            alive = _is_runner(pid, doc)
+            alive = live_sweep_runner(doc) == pid
             chunk = f.read()
             buf += chunk
             *lines, buf = buf.split(b"\n")

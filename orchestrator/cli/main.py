@@ -452,7 +452,8 @@ def cmd_attach(args) -> int:
 def cmd_plot(args) -> int:
     from pathlib import Path
     from orchestrator.cli.plot import plot_job, plot_sweep
-    from orchestrator.sweep import read_sweep, sweeps_dir
+    from orchestrator.store import sweeps_dir
+    from orchestrator.sweep import read_sweep
     doc = read_sweep(args.job) if args.job.startswith("sweep-") else None
     if doc is not None:  # a sweep: its points' loss curves overlaid
         from orchestrator.store import JobStore

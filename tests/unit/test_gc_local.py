@@ -173,3 +173,46 @@ def test_an_ssh_job_whose_host_cannot_be_reached_keeps_its_record_unless_local_o
     assert "run gc again" in out["kept"]["far"] and run.is_dir()
     p = _cli(home, "--older-than", "1d", "--local-only", "--json")
     assert json.loads(p.stdout)["jobs"] == ["far"] and not run.exists(), p.stdout
+
+
+def test_a_sweep_goes_with_its_last_point_and_not_before(tmp_path, supervisor):
+    """A sweep's record, runner log, plot and SLURM array folder go once none of its points is left (and its runner
+    is gone); while a point is kept, or its runner runs, they stay. --dry-run lists the same and removes nothing."""
+    home = tmp_path / "home"
+    sid, live = "sweep-20261128-010101-abcd", "sweep-20261128-020202-beef"
+    _job(home, f"{sid}-p0", "COMPLETED", 2 * DAY)
+    _job(home, f"{sid}-p1", "FAILED", 2 * DAY)
+    _job(home, f"{live}-p0", "COMPLETED", 2 * DAY)
+    sweeps, array = home / "sweeps", tmp_path / "slurm-work" / "sweeps" / sid
+    sweeps.mkdir()
+    array.mkdir(parents=True)
+    (array / "job.sbatch").write_text("#!/bin/bash\n")
+    runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "submit"])  # looks like one
+    time.sleep(0.05)
+    for s, pid in ((sid, 1), (live, runner.pid)):
+        doc = {"id": s, "created": time.time() + 1, "runner_pid": pid, "sbatch": str(array / "job.sbatch") if s == sid
+               else None, "points": [{"index": i, "job_id": f"{s}-p{i}"} for i in range(2)]}
+        (sweeps / f"{s}.json").write_text(json.dumps(doc))
+    (sweeps / f"{sid}.log").write_text("[p0] ...\n")
+    (sweeps / f"{sid}.png").write_bytes(b"\x89PNG")
+    try:
+        kept = json.loads(_cli(home, "--older-than", "1d", "--keep-failed", "--json").stdout)
+        assert sorted(kept["jobs"]) == sorted([f"{sid}-p0", f"{live}-p0"]), kept
+        assert kept["kept"][f"{sid}-p1"].startswith("FAILED"), kept
+        assert (sweeps / f"{sid}.json").is_file() and (sweeps / f"{sid}.log").is_file()  # p1 is still there
+        assert (sweeps / f"{live}.json").is_file()  # no point left, but its runner runs (it may start p1 yet)
+    finally:
+        runner.kill()
+        runner.wait()
+    gone = json.loads(_cli(home, "--older-than", "1d", "--keep-failed", "--json").stdout)
+    assert [(i["job"], i["what"]) for i in gone["items"]] == [(live, "sweep record")], gone
+    assert not (sweeps / f"{live}.json").exists()
+
+    dry = json.loads(_cli(home, "--older-than", "1d", "--dry-run", "--json").stdout)
+    swept = {(i["job"], i["what"], i["path"]) for i in dry["items"] if i["job"] == sid}
+    assert swept == {(sid, "sweep record", str(sweeps / f"{sid}.json")), (sid, "sweep log", str(sweeps / f"{sid}.log")),
+                     (sid, "sweep plot", str(sweeps / f"{sid}.png")), (sid, "sweep folder", str(array))}, dry
+    assert (sweeps / f"{sid}.json").is_file() and array.is_dir()
+    real = json.loads(_cli(home, "--older-than", "1d", "--json").stdout)
+    assert {(i["job"], i["what"], i["path"]) for i in real["items"] if i["job"] == sid} == swept
+    assert not (sweeps / f"{sid}.json").exists() and not array.exists() and not (sweeps / f"{sid}.log").exists()
