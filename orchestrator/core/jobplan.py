@@ -102,6 +102,9 @@ class LaunchPlan:
     package_root: str = ""
     # Who submitted it (user@host, filled by the api): a lease file names it (core.leases.holder)
     submitter: str = ""
+    # SLURM without launch.port: the node agents take the rendezvous port from the allocation (node.agent.bind_port), so
+    # jobs the scheduler puts on the same nodes do not meet on one port; `port` is then the base
+    port_per_job: bool = False
 
     def node(self, rank: int) -> NodePlan:
         return self.node_plans[rank]
@@ -148,11 +151,11 @@ class LaunchPlan:
 
 _UNSET_LEFT_OUT = ("run_kind", "run_target", "run_paths", "gpus_per_node", "gpu_ids", "allow_idle_gpus",
                    "network_interface", "env_passthrough", "rank_cwd", "node_package", "container", "package_root",
-                   "submitter")
+                   "submitter", "port_per_job")
 _DEFAULTS: dict[str, Any] = {"run_kind": "recipe", "run_target": "", "run_paths": [], "gpus_per_node": None,
                              "gpu_ids": [], "allow_idle_gpus": False, "network_interface": None, "env_passthrough": [],
                              "rank_cwd": "", "node_package": "", "container": None,
-                             "package_root": "", "submitter": ""}
+                             "package_root": "", "submitter": "", "port_per_job": False}
 def needed_packages(run_kind: str, deepspeed: bool = False) -> tuple[str, ...]:
     """The Python packages the ranks' interpreter must have (a host's, or the container image's): torch and
     accelerate always; transformers and trl for a built-in recipe or a TRL subcommand; deepspeed for its profiles."""

@@ -89,11 +89,12 @@ def bind_port(plan: LaunchPlan, env: dict[str, str]) -> LaunchPlan:
     """The rendezvous port of a SLURM job, from its allocation: jobs (and the tasks of an array) that SLURM gives the
     same nodes at once (a node with free cores or GPUs runs two) must not meet on one port. A task of an array (a
     sweep's point, launchers.slurm.sbatch.render_array_sbatch) uses launch.port + 1 + its index; any other SLURM job
-    launch.port + SINGLE_OFFSET + its job id % SINGLE_SPREAD (the same on every node of the job, and again after a
-    requeue). Written into each node's accelerate config too. Other backends keep their plan's port."""
+    whose launch.port was not given (plan.port_per_job) launch.port + SINGLE_OFFSET + its job id % SINGLE_SPREAD (the
+    same on every node of the job, and again after a requeue); a given launch.port is used as given. Written into each
+    node's accelerate config too. Other backends keep their plan's port."""
     import dataclasses
     task = env.get(ARRAY_TASK_ENV, "").strip()
-    job = env.get(JOB_ID_ENV, "").strip()
+    job = env.get(JOB_ID_ENV, "").strip() if plan.port_per_job else ""
     if plan.cluster_kind != "slurm" or not (task.isdigit() or job.isdigit()):
         return plan
     port = int(plan.port) + 1 + int(task) if task.isdigit() else \

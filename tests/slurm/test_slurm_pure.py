@@ -265,8 +265,8 @@ def test_array_needs_points_that_agree():
 
 def test_array_task_rendezvous_port_and_handle():
     """Tasks of one array may share nodes: task i rendezvous on launch.port + 1 + i (the agent binds it, in its
-    accelerate config too); a single SLURM job on launch.port + 1001 + its job id % 1500 (two jobs SLURM gives the
-    same node do not meet on one port); other backends keep their plan's port. A task's handle is
+    accelerate config too); a single SLURM job without a launch.port on launch.port + 1001 + its job id % 1500 (two
+    jobs SLURM gives the same node do not meet on one port); other backends keep their plan's port. A task's handle is
     slurm://<array>_<i>."""
     from orchestrator.node.agent import bind_port
     plan = fixed_plan(2)
@@ -276,10 +276,12 @@ def test_array_task_rendezvous_port_and_handle():
     bound = bind_port(plan, {"SLURM_ARRAY_TASK_ID": "3"})
     assert bound.port == 29504 and {n.accelerate_config["main_process_port"] for n in bound.node_plans} == {29504}
     assert bind_port(plan, {}) is plan
-    single = bind_port(plan, {"SLURM_JOB_ID": "123456"})
+    assert bind_port(plan, {"SLURM_JOB_ID": "123456"}) is plan  # a launch.port that was given: used as given
+    auto = replace(plan, port_per_job=True)
+    single = bind_port(auto, {"SLURM_JOB_ID": "123456"})
     assert single.port == 29500 + 1001 + 123456 % 1500 == 30957
     assert {n.accelerate_config["main_process_port"] for n in single.node_plans} == {30957}
-    assert bind_port(plan, {"SLURM_JOB_ID": "123457"}).port == 30958  # the next job: another port
+    assert bind_port(auto, {"SLURM_JOB_ID": "123457"}).port == 30958  # the next job: another port
     assert bind_port(plan, {"SLURM_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "3"}).port == 29504
     assert bind_port(replace(plan, cluster_kind="ssh"), {"SLURM_ARRAY_TASK_ID": "3"}).port == 29500
     assert job_id_of("slurm://1234_3") == "1234_3" and job_id_of("slurm://1234") == "1234"
