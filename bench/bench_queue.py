@@ -119,9 +119,7 @@ def main() -> None:
             import sshd_hosts
             testbed = sshd_hosts.up(2, work / "sshd")
             cluster = work / "cluster.yaml"
-            cluster.write_text(json.dumps(testbed.cluster_config() if hasattr(testbed, "cluster_config") else {
-                "name": "bench", "kind": "ssh", "ssh": {"hosts": testbed.hosts, "port": testbed.port,
-                                                        "user": "root", "key": str(testbed.key)}}))
+            cluster.write_text(json.dumps({"name": "bench", "kind": "ssh", "ssh": testbed.ssh_block()}))
             extra = ["--cluster", str(cluster)]
         try:
             for r in range(args.rounds):
