@@ -10,31 +10,45 @@ import os
 import sys
 
 
-def detach(argv: list[str], prepared) -> int:
-    """Re-run this very submit (same job id) as a supervisor in its own session; wait until it is recorded."""
+def start_background(child: list[str], log, started, what: str, say_started, wait_s: float = 120) -> int:
+    """Run `orchestrate CHILD` in a session of its own, its output appended to `log` (0600), and wait until
+    `started()` is true (then `say_started(pid)`, 0) or it exits first (its last line named, its exit code); after
+    `wait_s`, say it was submitted and return 0. The one way `submit --detach` (a job, a sweep) leaves a process."""
     import subprocess
     import time
+    from pathlib import Path
+    log = Path(log)
+    with open(log, "ab") as out:
+        os.chmod(log, 0o600)
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *child], stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if started():
+            say_started(proc.pid)
+            return 0
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:]
+            print(f"orchestrate: error: {what} did not start: {' '.join(tail)}", file=sys.stderr)
+            return proc.returncode or 1
+        time.sleep(0.2)
+    print(f"{what} submitted (pid {proc.pid}); orchestrate attach {what.split()[-1]}")
+    return 0
+
+
+def detach(argv: list[str], prepared) -> int:
+    """Re-run this very submit (same job id) as a supervisor in its own session; wait until it is recorded."""
     from orchestrator.store import JobStore, home
     job = prepared.plan.job_id
     logs = home() / "supervisors"
     logs.mkdir(parents=True, exist_ok=True, mode=0o700)
     child = [a for a in argv if a not in ("--detach", "-d")] + ["--job-id", job, "--quiet", "--color", "never"]
-    with open(logs / f"{job}.log", "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *child], stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+
+    def recorded() -> bool:
         rec = JobStore().get(job)
-        if rec is not None and rec.state not in ("PENDING",):
-            print(f"job {job} {rec.state} (supervisor pid {proc.pid}); follow it with: orchestrate attach {job}")
-            return 0
-        if proc.poll() is not None:
-            tail = (logs / f"{job}.log").read_text(errors="replace").strip().splitlines()[-1:]
-            print(f"orchestrate: error: job {job} did not start: {' '.join(tail)}", file=sys.stderr)
-            return proc.returncode or 1
-        time.sleep(0.2)
-    print(f"job {job} submitted (supervisor pid {proc.pid}); orchestrate attach {job}")
-    return 0
+        return rec is not None and rec.state not in ("PENDING",)
+    return start_background(child, logs / f"{job}.log", recorded, f"job {job}", lambda pid: print(
+        f"job {job} {JobStore().get(job).state} (supervisor pid {pid}); follow it with: orchestrate attach {job}"))
 
 
 def record_self(job: str) -> None:

@@ -505,28 +505,16 @@ def detach(args, argv: list[str]) -> int:
     """`submit --sweep ... --detach`: plan every point here (a bad point: exit 2, nothing started), then run this
     very submit (same sweep id, without --detach) as the sweep's runner in a session of its own, output to
     log_path; return once it has recorded the sweep. `orchestrate attach SWEEP_ID` follows it, `cancel` stops it."""
+    from orchestrator.detach import start_background
     from orchestrator.store import private_dir
     sweep_id, planned, _ = plan_points(args, list(args.sweep))
     private_dir(sweeps_dir())
     child = [a for a in argv if a not in ("--detach", "-d")] + ["--sweep-id", sweep_id, "--color", "never"]
     log = log_path(sweep_id)
-    with open(log, "ab") as out:
-        os.chmod(log, 0o600)
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *child], stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 300  # (the runner plans every point again before it records the sweep)
-    while time.monotonic() < deadline:
-        if read_sweep(sweep_id) is not None:
-            print(f"sweep {sweep_id}: {len(planned)} point(s), runs detached (runner pid {proc.pid}, output "
-                  f"{log}); follow it with: orchestrate attach {sweep_id}", flush=True)
-            return 0
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace").strip().splitlines()[-1:]
-            print(f"orchestrate: error: sweep {sweep_id} did not start: {' '.join(tail)}", file=sys.stderr)
-            return proc.returncode or 1
-        time.sleep(0.2)
-    print(f"sweep {sweep_id} submitted (runner pid {proc.pid}); orchestrate attach {sweep_id}")
-    return 0
+    return start_background(  # (the runner plans every point again before it records the sweep)
+        child, log, lambda: read_sweep(sweep_id) is not None, f"sweep {sweep_id}", lambda pid: print(
+            f"sweep {sweep_id}: {len(planned)} point(s), runs detached (runner pid {pid}, output {log}); follow it "
+            f"with: orchestrate attach {sweep_id}", flush=True), wait_s=300)
 
 
 def follow(doc: dict[str, Any], say: Callable[[str], None], poll_s: float = 0.5) -> bool:
