@@ -243,11 +243,15 @@ def annotation_kind(module: str, node: ast.expr | None) -> str:
     return "any"
 
 
-def _flatten_union(module: str, node: ast.expr) -> list[str]:
+def _or_parts(node: ast.expr) -> list[ast.expr]:
+    """The members of an `A | B | C` annotation (a single member otherwise)."""
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        return _flatten_union(module, node.left) + _flatten_union(module, node.right)
-    kind = annotation_kind(module, node)
-    return [kind]
+        return _or_parts(node.left) + _or_parts(node.right)
+    return [node]
+
+
+def _flatten_union(module: str, node: ast.expr) -> list[str]:
+    return [annotation_kind(module, p) for p in _or_parts(node)]
 
 
 def _is_dataclass(node: ast.ClassDef) -> bool:
@@ -304,11 +308,14 @@ def _is_bool_type(module: str, node: ast.expr | None) -> bool:
 
 
 def _flatten_parts(node: ast.expr) -> list[ast.expr]:
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        return _flatten_parts(node.left) + _flatten_parts(node.right)
-    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "Optional":
-        return [*_flatten_parts(node.slice), ast.Constant(None)]
-    return [node]
+    """`_or_parts`, with `Optional[X]` as X and None."""
+    out: list[ast.expr] = []
+    for p in _or_parts(node):
+        if isinstance(p, ast.Subscript) and isinstance(p.value, ast.Name) and p.value.id == "Optional":
+            out += [*_flatten_parts(p.slice), ast.Constant(None)]
+        else:
+            out.append(p)
+    return out
 
 
 @functools.lru_cache(maxsize=None)
