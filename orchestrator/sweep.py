@@ -480,6 +480,25 @@ def _sweep_doc(sweep_id: str) -> dict[str, Any] | None:
     return read_sweep(sweep_id)  # (once per sweep per `ls`)
 
 
+def _last_loss(run_dir: str, tail: int = 4096) -> float | None:
+    """Rank 0's latest finite loss from the end of its heartbeat file (`ls`: not the whole run's records)."""
+    try:
+        with open(Path(run_dir, "heartbeats", "rank0.jsonl"), "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - tail))
+            lines = f.read().splitlines()[1 if size > tail else 0:]
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            loss = json.loads(line).get("loss")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(loss, (int, float)) and math.isfinite(loss):
+            return float(loss)
+    return None
+
+
 def point_of(job_id: str, run_dir: str) -> dict[str, Any] | None:
     """A job that is a point of a recorded sweep: {"sweep", "point", "overrides", "loss" (its last), "sweep_points",
     "sweep_parallel"}; None for any other job (or a sweep whose record is gone)."""
@@ -492,7 +511,7 @@ def point_of(job_id: str, run_dir: str) -> dict[str, Any] | None:
     if pt is None:
         return None
     return {"sweep": doc["id"], "point": index, "overrides": list(pt.get("overrides") or []),
-            "loss": _losses(run_dir)[0], "sweep_points": len(doc.get("points") or []),
+            "loss": _last_loss(run_dir), "sweep_points": len(doc.get("points") or []),
             "sweep_parallel": doc.get("max_parallel")}
 
 
