@@ -234,12 +234,19 @@ def srun_flags(cp: ContainerPlan, *, run_dir: str, package: str, cwd: str, env_n
     return flags + list(cp.options)
 
 
-def remove_argv(runtime: str, name: str) -> list[str] | None:
-    """How to remove the container `name` (podman/docker: stopped at once, removed), else None."""
+def remove_argv(runtime: str, name: str, grace: float = 0.0) -> list[str] | None:
+    """How to remove the container `name` (podman/docker), else None: stopped at once, or with `grace` > 0 given
+    that long between TERM and KILL (a rank still saving a checkpoint on its stop signal finishes it), then removed.
+    docker's `rm` has no grace: its `stop_argv` comes first."""
     if runtime not in DAEMON_RUNTIMES:
         return None
-    return [runtime, "rm", "-f", "--time", "0", "--ignore", name] if runtime == "podman" else \
+    return [runtime, "rm", "-f", "--time", f"{max(0, round(grace))}", "--ignore", name] if runtime == "podman" else \
         [runtime, "rm", "-f", name]
+
+
+def stop_argv(runtime: str, name: str, grace: float) -> list[str] | None:
+    """docker only (podman's `rm --time` does both): stop the container `name` with `grace` seconds before KILL."""
+    return ["docker", "stop", "-t", f"{max(0, round(grace))}", name] if runtime == "docker" and grace > 0 else None
 
 
 def list_argv(runtime: str, job_id: str) -> list[str] | None:

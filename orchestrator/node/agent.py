@@ -36,6 +36,7 @@ from orchestrator.node.rundir import EXIT_MARK, AgentRecord, ExitRecord, RunDir,
 DEFER_HANG_S = 3.0  # see Agent.monitor
 MODULE = "orchestrator.node"  # `python -m orchestrator.node RUN_DIR ...` runs `main` below
 HOOKS_DIR = Path(__file__).resolve().parent / "hooks"  # zero-code health hooks for the ranks (sitecustomize)
+EARLIER_CONTAINER_GRACE = 30.0  # seconds an earlier attempt's container gets to end (Agent.end_earlier_container)
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # holds orchestrator/ and recipes/ (what a container mounts)
 
 RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
@@ -250,6 +251,21 @@ class Agent:
         bad = refused + [f for f in warned if f.host in excluded]
         return "GPU health: " + f"node {self.rank} ({host}): " + "; ".join(f.text() for f in bad) if bad else None
 
+    def end_earlier_container(self, runtime: str, name: str) -> None:
+        """An earlier attempt's container of this node that is still there: its agent was killed (SLURM's requeue
+        kills the step's processes KillWait after its TERM, and the container is no process of the step) while its
+        ranks were saving a checkpoint on their stop signal, or never got the signal. It gets EARLIER_CONTAINER_GRACE
+        seconds between TERM and KILL to end, so the checkpoint it saves is whole and this attempt resumes from it."""
+        from orchestrator.node.containers import leftovers, remove
+        if name not in leftovers(runtime, self.plan.job_id):
+            return
+        os.write(2, f"orchestrate node agent: an earlier attempt's container {name} is still there; it gets up to "
+                    f"{EARLIER_CONTAINER_GRACE:g} s to end (a checkpoint it may be saving) before it is removed\n"
+                    .encode())
+        why = remove(runtime, self.plan.job_id, self.rank, grace=EARLIER_CONTAINER_GRACE)
+        if why:
+            os.write(2, f"orchestrate node agent: could not remove container {name}: {why}\n".encode())
+
     def container_check(self) -> str | None:
         """Inside a SLURM allocation nothing checked this node for the job's container before the start (local and SSH
         jobs are checked by their launcher's pre-flight): the runtime, the image, the mounts, the stack in the image.
@@ -333,13 +349,12 @@ class Agent:
         cp = self.plan.container
         if cp is not None and cp.agent_side:
             from orchestrator.core.container import DAEMON_RUNTIMES, TOKEN_ON_LINE, container_name
-            from orchestrator.node.containers import remove
             argv = self.container_argv(list(argv), cwd, secrets)
             if cp.runtime in TOKEN_ON_LINE:  # only the container's processes carry it, not the runtime's client
                 env.pop(TOKEN_VAR)
             container = container_name(self.plan.job_id, self.rank) if cp.runtime in DAEMON_RUNTIMES else ""
             if container:
-                remove(cp.runtime, self.plan.job_id, self.rank)  # an earlier attempt's, if anything is left of it
+                self.end_earlier_container(cp.runtime, container)
         self.start_relay()
         # SLURM signals every process of a step; torchrun has no USR2 handler and would die of it, orphaning
         # the ranks. Ignored dispositions survive exec, so the launcher ignores USR2 and each rank's own

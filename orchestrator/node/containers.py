@@ -17,7 +17,7 @@ import socket
 import subprocess
 from typing import Any
 
-from orchestrator.core.container import ContainerPlan, container_name, list_argv, remove_argv
+from orchestrator.core.container import ContainerPlan, container_name, list_argv, remove_argv, stop_argv
 
 STACK = ("torch", "accelerate", "transformers", "trl", "deepspeed")
 # Run in the image by its python: the stack's versions as one JSON line (a package that is not there: null).
@@ -123,17 +123,21 @@ def preflight(cp: ContainerPlan, needed: list[str] | tuple[str, ...] = STACK, pu
     return res
 
 
-def remove(runtime: str, job_id: str, node_rank: int, timeout: float = 30.0) -> str:
-    """Remove node `node_rank`'s container if anything is left of it (podman/docker); '' or why it failed."""
-    return remove_named(runtime, container_name(job_id, node_rank), timeout)
+def remove(runtime: str, job_id: str, node_rank: int, timeout: float = 30.0, grace: float = 0.0) -> str:
+    """Remove node `node_rank`'s container if anything is left of it (podman/docker); '' or why it failed. `grace`:
+    seconds it gets between TERM and KILL (remove_argv)."""
+    return remove_named(runtime, container_name(job_id, node_rank), timeout, grace)
 
 
-def remove_named(runtime: str, name: str, timeout: float = 30.0) -> str:
+def remove_named(runtime: str, name: str, timeout: float = 30.0, grace: float = 0.0) -> str:
     """Remove the container `name` if anything is left of it (podman/docker); '' or why it failed."""
-    argv = remove_argv(runtime, name)
+    argv = remove_argv(runtime, name, grace)
     if argv is None or not name or shutil.which(argv[0]) is None:
         return ""
-    rc, out, err = _run(argv, timeout)
+    stop = stop_argv(runtime, name, grace)
+    if stop is not None:
+        _run(stop, timeout + grace)  # (no such container: rm says so below)
+    rc, out, err = _run(argv, timeout + grace)
     if rc == 0 or "no such container" in (err + out).lower() or "no container with name" in (err + out).lower():
         return ""
     return _last(err) or _last(out) or f"exit {rc}"

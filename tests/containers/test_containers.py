@@ -199,3 +199,40 @@ def test_the_exact_rendered_apptainer_command_reaches_the_node(tmp_path, job_gua
         got = next(c for c in launches if f"nodes/{node}/accelerate.yaml" in " ".join(c))
         assert [Path(got[0]).name] + got[1:] == want, (got, want)
     assert any(c[1:4] == ["exec", str(image), sys.executable] for c in calls), calls  # the pre-flight's stack check
+
+
+@pytest.mark.parametrize("grace", [10, 0])
+def test_an_earlier_attempts_container_gets_its_grace_to_end_before_it_is_removed(grace, image, tmp_path):
+    """What a new attempt's node agent does with its node's container from an earlier attempt that is still there
+    (SLURM's requeue killed that attempt's agent, not the container, whose ranks may be saving a checkpoint):
+    with a grace the container gets TERM and time to finish (its 'checkpoint' lands), then it is gone; removed at
+    once (grace 0, what the agent did before) the save is cut off. Real podman, the test image."""
+    from orchestrator.core.container import LABEL, container_name
+    from orchestrator.node.containers import remove
+    job = f"earlier-{time.time_ns()}"
+    name = container_name(job, 0)
+    saver = ("import signal, sys, time\n"
+             "def stop(*_):\n"
+             "    time.sleep(2)\n"
+             "    open('/out/saved', 'w').write('whole')\n"
+             "    sys.exit(0)\n"
+             "signal.signal(signal.SIGTERM, stop)\n"
+             "open('/out/ready', 'w').write('1')\n"
+             "time.sleep(600)\n")
+    run = subprocess.run(["podman", "run", "-d", "--rm", "--name", name, "--label", f"{LABEL}={job}",
+                          "-v", f"{tmp_path}:/out", image, "python3", "-c", saver],
+                         capture_output=True, text=True, timeout=120)
+    try:
+        assert run.returncode == 0, run.stderr
+        wait_until(lambda: (tmp_path / "ready").exists(), 60, 0.1, "the container's process up")
+        t0 = time.monotonic()
+        assert remove("podman", job, 0, grace=grace) == ""
+        took = time.monotonic() - t0
+        assert containers_of(job) == []
+        if grace:
+            assert (tmp_path / "saved").read_text() == "whole"
+            assert 2 <= took < grace + 5, took
+        else:
+            assert not (tmp_path / "saved").exists()
+    finally:
+        subprocess.run(["podman", "rm", "-f", "--time", "0", "--ignore", name], capture_output=True, timeout=120)

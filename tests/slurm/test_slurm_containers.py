@@ -55,7 +55,7 @@ def test_podman_in_the_allocation_completes_and_a_requeue_resumes_past_the_check
     text = (run_dir / "logs" / "node0.log").read_text()
     result = [t for t in (split_rank(ln)[1] for ln in text.splitlines()) if t.startswith("ORCHESTRATE_RESULT ")][-1]
     m = re.search(r'"resumed_from": "[^"]*checkpoint-(\d+)"', result)
-    assert m and int(m.group(1)) >= 20, result[:500]
+    assert m and int(m.group(1)) >= 20, _what_happened(run_dir, out, text)
     assert '"global_step": 300' in result and '"world_size": 2' in result
     assert any("requeued by SLURM" in a.reason for a in RunDir(run_dir).attempts())
     for r in range(2):  # each node agent checked its node for the container and recorded the image
@@ -63,3 +63,11 @@ def test_podman_in_the_allocation_completes_and_a_requeue_resumes_past_the_check
         assert image in rec and '"torch"' in rec, rec
     wait_until(lambda: not containers_of(job), 30, "the job's containers gone")
     assert wait_clean(15) == {}, node_namespace_leftovers()
+
+
+def _what_happened(run_dir: Path, out: Path, log: str) -> str:
+    """For a failed resume: what each attempt said about itself, the attempts' records and the checkpoints."""
+    said = [ln for ln in log.splitlines() if re.search(r"orchestrate|resum|signal|Received|ORCHESTRATE_RESULT", ln)]
+    attempts = (run_dir / "restarts.jsonl").read_text() if (run_dir / "restarts.jsonl").exists() else "(none)"
+    return "\n".join([*(ln[:300] for ln in said), f"restarts.jsonl: {attempts}",
+                      f"output dir: {sorted(p.name for p in out.iterdir()) if out.is_dir() else 'missing'}"])
