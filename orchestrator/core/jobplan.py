@@ -22,6 +22,20 @@ RUN_DIR_VAR = "${RUN_DIR}"
 # `network_interface: auto`: the rank env's GLOO/NCCL_SOCKET_IFNAME until the node agent binds it to the interface
 # that routes to the main node (orchestrator.node.netcheck).
 LATE_IFNAME = "${network_interface}"
+# A job's own rendezvous port when launch.port is not given and other jobs may share its main host (`job_port`):
+# under Linux's ephemeral range (32768-) from the default 29500.
+JOB_PORT_OFFSET, JOB_PORT_SPREAD = 1001, 1500
+
+
+def job_port(base: int, job: str) -> int:
+    """`base` + JOB_PORT_OFFSET + the job's number % JOB_PORT_SPREAD: the same for every node of the job and again on
+    its restarts and requeues, different for jobs that meet on one host. The number: a SLURM job id as it is, any
+    other job id by its sha256 (a stable hash, not Python's per-process one). Used where two jobs can share the main
+    host: SLURM jobs (the node agent binds it from SLURM_JOB_ID) and SSH jobs of a GPU subset of their main host (the
+    planner), whose other GPUs another job may lease (orchestrator.core.leases)."""
+    import hashlib
+    number = int(job) if job.isdigit() else int.from_bytes(hashlib.sha256(job.encode()).digest()[:8], "big")
+    return int(base) + JOB_PORT_OFFSET + number % JOB_PORT_SPREAD
 
 
 @dataclass(frozen=True)

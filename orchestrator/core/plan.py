@@ -23,7 +23,8 @@ from typing import Any
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.core.container import ContainerPlan, job_mounts, parse_mount, visible
 from orchestrator.core.health import HealthSpec
-from orchestrator.core.jobplan import LATE_IFNAME, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan, NodePlan
+from orchestrator.core.jobplan import LATE_IFNAME, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan, NodePlan, job_port
+from orchestrator.core.leases import node_gpus
 from orchestrator.core.schema import is_secret_name
 from orchestrator.core.spec import TRAINER_ALIASES, ClusterSpec, JobSpec, RecipeSpec, RunJobSpec, run_settings
 
@@ -647,10 +648,15 @@ def make_plan(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, notes: tu
     python = container.python if container is not None and container.agent_side else facts.python
     node_plans = []
     bind_gpus = layout.visible is not None and "CUDA_VISIBLE_DEVICES" not in env  # the user's own setting wins
+    node_envs = [dict(env, CUDA_VISIBLE_DEVICES=_ids(layout.visible[r])) if bind_gpus and layout.visible else env
+                 for r in range(nodes)]
+    port = facts.port
+    if cluster.kind == "ssh" and recipe.launch.port is None and not cpu and node_gpus(node_envs[0]) is not None:
+        port = job_port(facts.port, facts.job_id)  # the main host's other GPUs may run another job (core.leases)
     for r in range(nodes):
         cfg = _node_config(facts.profile_config, rank=r, nodes=nodes, world=world, main_host=main_host,
-                           port=facts.port, cpu=cpu, mixed_precision=mp, par=par)
-        node_env = dict(env, CUDA_VISIBLE_DEVICES=_ids(layout.visible[r])) if bind_gpus and layout.visible else env
+                           port=port, cpu=cpu, mixed_precision=mp, par=par)
+        node_env = node_envs[r]
         node_plans.append(NodePlan(node_rank=r, host=hosts[r], ranks=tuple(range(r * ppn, (r + 1) * ppn)),
                                    accelerate_config=cfg, command=node_command(python, r, entry),
                                    env=dict(sorted(node_env.items()))))
@@ -670,7 +676,7 @@ def make_plan(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, notes: tu
         grad_accum=ga, effective_batch=eff, max_length=max_len,
         tokens_per_step=eff * max_len if eff is not None and max_len is not None else None,
         tokens_per_step_exact=exact,
-        main_host=main_host, port=facts.port, run_dir=facts.run_dir, output_dir=facts.output_dir,
+        main_host=main_host, port=port, run_dir=facts.run_dir, output_dir=facts.output_dir,
         python=facts.python, secret_env=recipe.launch.secret_env, node_plans=tuple(node_plans),
         warnings=tuple(warnings), health=health, run_kind=run_kind,
         run_target=run_target, run_paths=run_paths, gpus_per_node=layout.gpus_per_node, gpu_ids=layout.subset,

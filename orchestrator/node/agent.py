@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from orchestrator.core.hostlist import first_host
-from orchestrator.core.jobplan import AGENT_ENV, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan
+from orchestrator.core.jobplan import AGENT_ENV, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan, job_port
 from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_marked, marked, marked_ranks,
                                          process_start_time, ranks_of, signal_group, signal_pids)
 from orchestrator.node.emulate import EMULATE_VAR, emulator_argv
@@ -81,25 +81,21 @@ def bind_main_ip(arg: str | None, plan_main: str, env: dict[str, str]) -> str:
 
 ARRAY_TASK_ENV = "SLURM_ARRAY_TASK_ID"
 JOB_ID_ENV = "SLURM_JOB_ID"
-# a SLURM job's port: launch.port + 1001 + job id % 1500; with an array's tasks' (launch.port + 1 + index) all stay
-# under Linux's ephemeral range (32768-) from the default 29500
-SINGLE_OFFSET, SINGLE_SPREAD = 1001, 1500
 
 
 def bind_port(plan: LaunchPlan, env: dict[str, str]) -> LaunchPlan:
     """The rendezvous port of a SLURM job, from its allocation: jobs (and the tasks of an array) that SLURM gives the
     same nodes at once (a node with free cores or GPUs runs two) must not meet on one port. A task of an array (a
     sweep's point, launchers.slurm.sbatch.render_array_sbatch) uses launch.port + 1 + its index; any other SLURM job
-    whose launch.port was not given (plan.port_per_job) launch.port + SINGLE_OFFSET + its job id % SINGLE_SPREAD (the
-    same on every node of the job, and again after a requeue); a given launch.port is used as given. Written into each
+    whose launch.port was not given (plan.port_per_job) core.jobplan.job_port of its job id (the same on every node
+    of the job, and again after a requeue); a given launch.port is used as given. Written into each
     node's accelerate config too. Other backends keep their plan's port."""
     import dataclasses
     task = env.get(ARRAY_TASK_ENV, "").strip()
     job = env.get(JOB_ID_ENV, "").strip() if plan.port_per_job else ""
     if plan.cluster_kind != "slurm" or not (task.isdigit() or job.isdigit()):
         return plan
-    port = int(plan.port) + 1 + int(task) if task.isdigit() else \
-        int(plan.port) + SINGLE_OFFSET + int(job) % SINGLE_SPREAD
+    port = int(plan.port) + 1 + int(task) if task.isdigit() else job_port(plan.port, job)
     nodes = tuple(dataclasses.replace(n, accelerate_config=dict(n.accelerate_config, main_process_port=port))
                   if "main_process_port" in n.accelerate_config else n for n in plan.node_plans)
     return dataclasses.replace(plan, port=port, node_plans=nodes)

@@ -5,6 +5,7 @@ tests/gpu/golden (UPDATE_GOLDEN=1 rewrites them). Pure, plus the CLI with a fake
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -259,3 +260,23 @@ def test_busy_gpus_of_live_local_jobs(tmp_path, monkeypatch):
         p.send_signal(signal.SIGKILL)
         p.wait()
     assert api.busy_local_gpus() == ()
+
+
+def test_ssh_jobs_on_a_gpu_subset_of_their_main_host_get_a_port_of_their_own():
+    """Two SSH jobs that each lease some GPUs of the same main host (core.leases) run at once: each rendezvous on
+    its own port (core.jobplan.job_port of its job id, also in every node's accelerate config), stable for the job.
+    A job of whole hosts, or one that gives launch.port, keeps the port as planned."""
+    from orchestrator.core.jobplan import job_port
+    c = parse_cluster({"kind": "ssh", "ssh": {"hosts": ["a", "b"], "gpus_per_node": 8}})
+    sub = recipe(nodes=2, gpus=[0, 1], allow_idle_gpus=True)
+    p1, p2 = (make_plan(sub, c, dataclasses.replace(facts(c), job_id=j)) for j in ("sweep-p0", "sweep-p1"))
+    assert p1.node(0).env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert p1.port == job_port(29500, "sweep-p0") != p2.port == job_port(29500, "sweep-p1")
+    assert 30501 <= p1.port < 32001
+    assert p1.port == make_plan(sub, c, dataclasses.replace(facts(c), job_id="sweep-p0")).port
+    assert {n.accelerate_config["main_process_port"] for n in p1.node_plans} == {p1.port}
+    assert make_plan(recipe(nodes=2), c, facts(c)).port == 29500  # whole hosts: nobody else on the main host
+    given = make_plan(recipe(nodes=2, gpus=[0, 1], allow_idle_gpus=True, port=29600), c,
+                      dataclasses.replace(facts(c), port=29600))  # (api.prepare: a given launch.port is the facts')
+    assert given.port == 29600
+    assert job_port(29500, "4242") == 29500 + 1001 + 4242 % 1500  # a SLURM job id counts as it is
