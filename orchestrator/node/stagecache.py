@@ -448,9 +448,10 @@ class Server:
             if os.path.exists(path):
                 os.chmod(path, 0o600)
             os.replace(tmp, path)
-            with open(ok + ".tmp", "w") as fh:
+            stamp = "%s.tmp.%d" % (ok, os.getpid())  # two jobs may stage the same blob to this host at once
+            with open(stamp, "w") as fh:
                 fh.write(_stamp(os.stat(path)))
-            os.replace(ok + ".tmp", ok)
+            os.replace(stamp, ok)
         return {"bytes": got, "bad": bad}
 
     def op_build(self, req):
@@ -476,11 +477,22 @@ class Server:
             _mkdirs(tmp)
             with open(os.path.join(tmp, TREE_MARK), "w") as fh:
                 fh.write(th)
+            # Another job staging the same tree to this host at once may have built it meanwhile: a complete one
+            # stays (its job may be using it), ours goes.
+            if self.tree_ok(th, entries):
+                shutil.rmtree(tmp, ignore_errors=True)
+                continue
             if os.path.exists(top):
                 old = top + ".old.%d" % os.getpid()
                 os.rename(top, old)
                 shutil.rmtree(old, ignore_errors=True)
-            os.rename(tmp, top)
+            try:
+                os.rename(tmp, top)
+            except OSError:  # (a non-empty directory is there: the other job's build landed in between)
+                shutil.rmtree(tmp, ignore_errors=True)
+                if not self.tree_ok(th, entries):
+                    raise
+                continue
             built.append(th)
         for rel, target in sorted(req.get("links", {}).items()):
             if _bad_rel(rel) or _bad_rel(target):

@@ -134,3 +134,46 @@ def test_dropped_rendezvous_port_is_a_named_failure_in_seconds(gpu_testbed, gpu_
     assert job_pids(local, *_remote_run_dirs(gpu_testbed, prep.plan)) == []
     wait_until(lambda: not _processes_of(prep.plan.job_id), 10, 0.1, "nothing of the job left running")
     print(f"dropped rendezvous port named after {took:.2f} s (submit to FAILED): {res.root_cause}")
+
+
+def test_two_jobs_on_different_gpus_of_the_same_hosts_run_at_once_each_on_its_own_port(gpu_testbed, gpu_hosts, home,
+                                                                                           tmp_path, job_guard):
+    """Two 2-node jobs, one on GPU 0 and one on GPU 1 of the same two hosts (the fake nvidia-smi shows 2 each), started
+    together: their leases (host shared, GPU exclusive) let both run at once, and neither gives launch.port, so each
+    rendezvous on a port of its own on the shared main host (core.jobplan.job_port; both on 29500, the second one's
+    pre-flight refused the busy port). Both COMPLETED, their agents' time on the main host overlapped."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    from helpers import OFFLINE_ENV
+    a, b = gpu_testbed.hosts[:2]
+    _, cluster = gpu_hosts({a: 2, b: 2})
+    leases = tmp_path / "leases"  # (loopback hosts share one machine: their own lease dir, as each host has its own)
+    procs, jobs = [], []
+    for gpu in (0, 1):
+        job = tmp_path / f"gpu{gpu}.yaml"
+        job.write_text(yaml.safe_dump({
+            "run": {"script": str(REPO / "tests" / "faults" / "beat_loop.py"), "args": ["60", "0.05"]},
+            "launch": {"nodes": 2, "procs_per_node": 1, "gpus": [gpu], "allow_idle_gpus": True},
+            "health": {"preflight_timeout": 0}}))
+        procs.append(job_guard.spawn([sys.executable, "-m", "orchestrator.cli", "submit", str(job), "--cluster",
+                                      str(cluster), "--no-wait"], cwd=REPO,
+                                     env={**os.environ, **OFFLINE_ENV, "ORCHESTRATE_LEASE_DIR": str(leases)},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0 and "COMPLETED" in out, out[-3000:]
+    for run in sorted((home / "runs").iterdir()):
+        jobs.append(json.loads((run / "plan.json").read_text()))
+    ports = [j["port"] for j in jobs]
+    assert len(set(ports)) == 2 and all(30501 <= p < 32001 for p in ports), ports
+    spans = []
+    for j in jobs:
+        node0 = Path(gpu_testbed.dir) / "work" / a / "runs" / j["job_id"] / "nodes" / "0"
+        spans.append((json.loads((node0 / "agent.json").read_text())["started"],
+                      json.loads((node0 / "exit.json").read_text())["time"]))
+    (s0, e0), (s1, e1) = spans
+    assert max(s0, s1) < min(e0, e1), f"the two jobs did not run at once on {a}: {spans}"
