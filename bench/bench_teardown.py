@@ -228,7 +228,8 @@ def one(args, backend: str, n: int, i: int, home: Path, work: Path, cluster: Pat
         ends = {e["node"]: e["end"] for e in outcome.get("nodes", [])}
         others_stopped = len(ends) == n and all(e == "stopped" for r, e in ends.items() if r != victim_node)
         extra = {} if netns is None else {"submit_children_cpu_pct": round(100 * child_cpu, 2), "netns_used": in_netns,
-                                          "others_stopped": others_stopped}
+                                          "others_stopped": others_stopped,
+                                          "others_exit_s": others_exit(run.rd, n, t_kill_wall)}
         row = {"backend": backend, "nodes": n, "ranks": n * args.ppn, "run": i, **run.started,
                "submit_cpu_pct": round(100 * cpu, 2), "heartbeats_per_s": n * args.ppn * args.rate,
                "threads": b["threads"], "fds": b["fds"], "rss_mb": b["rss_mb"],
@@ -284,12 +285,21 @@ def slurm_down() -> None:
                    timeout=300)
 
 
+def others_exit(rd: Path, n: int, t_kill: float) -> float | None:
+    """Kill -> the last of the other nodes' agents had ended (their exit.json times; SLURM: its --kill-on-bad-exit)."""
+    try:
+        times = [json.loads((rd / "nodes" / str(r) / "exit.json").read_text())["time"] for r in range(n) if r != n // 2]
+    except (OSError, ValueError, KeyError):
+        return None
+    return round(max(times) - t_kill, 3) if times else None
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for key in sorted({(r["backend"], r["nodes"]) for r in rows}):
         rs = [r for r in rows if (r["backend"], r["nodes"]) == key]
         s = {"backend": key[0], "nodes": key[1], "ranks": rs[0]["ranks"], "runs": len(rs)}
-        for k in ("gone_s", "decision_s", "victim_agent_exit_s", "submit_exit_s", "submit_cpu_pct",
+        for k in ("gone_s", "decision_s", "others_exit_s", "victim_agent_exit_s", "submit_exit_s", "submit_cpu_pct",
                   "submit_children_cpu_pct", "threads", "fds", "rss_mb", "agents_s", "heartbeats_s"):
             v = [r[k] for r in rs if r.get(k) is not None]
             if v:
