@@ -97,7 +97,7 @@ def run_and_kill(tmp: Path, nodes: int, ppn: int = 8, cluster: Path | None = Non
         def all_beat() -> bool:
             for g in list(pending):
                 try:
-                    if b'"step"' in (rd / "heartbeats" / f"rank{g}.jsonl").read_bytes()[:4096]:
+                    if b'"event": "step"' in (rd / "heartbeats" / f"rank{g}.jsonl").read_bytes()[:4096]:  # (not boot)
                         pending.discard(g)
                 except OSError:
                     pass
