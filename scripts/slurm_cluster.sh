@@ -6,6 +6,11 @@
 #   scripts/slurm_cluster.sh status [--dir D]
 #   scripts/slurm_cluster.sh env    [--dir D]      # prints: export SLURM_CONF=...
 #
+# A --dir other than the default gets names of its own (namespaces osl<tag>-nodeK, bridge oslurm<tag>, its own
+# /etc/hosts block; <tag> from the dir's path): a benchmark cluster never touches the tests' one, also when its `up`
+# fails and tears down. Only one cluster runs at a time (munged's default socket is shared, see start_munge): `up`
+# refuses, before creating anything, while another cluster's munged serves it. Give it its own --subnet too.
+#
 # --gpus: fake GPUs per node (GRES gpu on char devices made with mknod c 1 3), one count per node, the last one
 # repeated: the default 8,2 gives node1 gpu:8 and node2 gpu:2 (uneven on purpose: a 2-node job asking 8 per node is
 # refused, 2 per node fits). CPU jobs ask for no GRES and are not affected. ORCHESTRATE_SLURM_GPUS sets the default.
@@ -36,6 +41,7 @@ PARTITION="debug"
 CLUSTER_NAME="orchestrate"
 MARK_BEGIN="# BEGIN orchestrate-slurm-testbed"
 MARK_END="# END orchestrate-slurm-testbed"
+VETH_PREFIX="${NS_PREFIX}node"  # host side of node K's veth: ${VETH_PREFIX}K-h (at most 15 characters)
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -43,10 +49,15 @@ while [ $# -gt 0 ]; do
         --dir) DIR="$2"; shift 2;;
         --subnet) SUBNET="$2"; shift 2;;
         --gpus) GPUS="$2"; shift 2;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0;;
         *) echo "slurm_cluster.sh: unknown argument $1" >&2; exit 2;;
     esac
 done
+if [ "$DIR" != /tmp/orchestrate-slurm ]; then  # names of its own (see the top)
+    TAG=$(printf '%s' "$DIR" | cksum | awk '{printf "%04x", $1 % 65536}')
+    NS_PREFIX="osl${TAG}-"; BRIDGE="oslurm${TAG}"; VETH_PREFIX="o${TAG}-n"
+    MARK_BEGIN="$MARK_BEGIN $TAG"; MARK_END="$MARK_END $TAG"
+fi
 
 say() { echo "slurm_cluster: $*"; [ -d "$DIR/log" ] && echo "$(date +%T.%N) $*" >> "$DIR/log/cluster.log"; return 0; }
 die() { echo "slurm_cluster: ERROR: $*" >&2; [ -d "$DIR/log" ] && echo "$(date +%T.%N) ERROR $*" >> "$DIR/log/cluster.log"; return 1; }
@@ -162,7 +173,7 @@ do_down() {
         kill_pidfile "$DIR/run/slurmd-$node.pid" slurmd
         kill_netns "$ns"
         ip netns del "$ns" 2>/dev/null
-        ip link del "${NS_PREFIX}${node}-h" 2>/dev/null
+        ip link del "${VETH_PREFIX}${node#node}-h" 2>/dev/null
     done
     for f in "$DIR"/run/slurmd-*.pid; do [ -f "$f" ] && kill_pidfile "$f" slurmd; done
     kill_pidfile "$DIR/run/slurmctld.pid" slurmctld
@@ -276,6 +287,21 @@ next_first_job_id() {
     echo "$n"
 }
 
+munge_other() {  # the pid of a munged serving SOCK that this cluster did not start (empty: none)
+    local sock="$1" p cmd
+    for p in /proc/[0-9]*; do
+        [ "$(cat "$p/comm" 2>/dev/null)" = munged ] || continue
+        pid_runs "${p#/proc/}" munged || continue
+        cmd=$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)
+        case "$cmd" in *"$DIR/munge/munged.pid"*) continue;; esac
+        case "$cmd" in *"--socket=$sock"*|*"--socket $sock"*) echo "${p#/proc/}"; return 0;; esac
+    done
+    local sys; sys=$(cat /run/munge/munged.pid 2>/dev/null)
+    if [ -S "$sock" ] && pid_runs "$sys" munged && [ "$sys" != "$(cat "$DIR/munge/munged.pid" 2>/dev/null)" ]; then
+        echo "$sys"
+    fi
+}
+
 start_munge() {
     mkdir -p "$DIR/munge"; chmod 755 "$DIR/munge"
     if [ ! -f "$DIR/persist/munge.key" ]; then
@@ -284,13 +310,9 @@ start_munge() {
     cp "$DIR/persist/munge.key" "$DIR/munge/munge.key"; chmod 400 "$DIR/munge/munge.key"
     # The default socket: Slurm 22.05 ignores AuthInfo=socket= on the slurmctld -> slurmdbd link.
     local sock=/run/munge/munge.socket.2
-    if [ -S "$sock" ]; then
-        local other; other=$(cat /run/munge/munged.pid 2>/dev/null)
-        if pid_runs "$other" munged && [ "$other" != "$(cat "$DIR/munge/munged.pid" 2>/dev/null)" ]; then
-            die "another munged (pid $other) serves $sock; stop it first"; return 1
-        fi
-        rm -f "$sock" "$sock.lock"
-    fi
+    local other; other=$(munge_other "$sock")
+    [ -z "$other" ] || { die "another munged (pid $other) serves $sock; stop it first"; return 1; }
+    [ -S "$sock" ] && rm -f "$sock" "$sock.lock"
     mkdir -p /run/munge
     munged --force --socket="$sock" --key-file="$DIR/munge/munge.key" \
         --pid-file="$DIR/munge/munged.pid" --log-file="$DIR/log/munged.log" \
@@ -321,7 +343,7 @@ start_netns() {
     ip addr add "$SUBNET.1/24" dev "$BRIDGE" || return 1
     ip link set "$BRIDGE" up || return 1
     for k in $(seq 1 "$NODES"); do
-        local ns="${NS_PREFIX}node$k" hv="${NS_PREFIX}node$k-h"
+        local ns="${NS_PREFIX}node$k" hv="${VETH_PREFIX}$k-h"
         ip netns add "$ns" || return 1
         ip link add "$hv" type veth peer name eth0 netns "$ns" || return 1
         ip link set "$hv" master "$BRIDGE" up || return 1
@@ -436,6 +458,12 @@ fi
 
 case "$CMD" in
     up)
+        other=$(munge_other /run/munge/munge.socket.2)
+        if [ -n "$other" ]; then  # before anything is created or torn down
+            echo "slurm_cluster: ERROR: another cluster's munged (pid $other: $(tr '\0' ' ' < "/proc/$other/cmdline" \
+                2>/dev/null | cut -c1-160)) serves /run/munge/munge.socket.2: bring that cluster down first" >&2
+            exit 2
+        fi
         trap 'echo "slurm_cluster: interrupted, tearing down" >&2; do_down >/dev/null 2>&1; exit 1' INT TERM HUP PIPE
         if ! do_up; then
             echo "slurm_cluster: bring-up failed; tearing down. Logs: $DIR/log/" >&2

@@ -25,11 +25,12 @@ FAKES = REPO / "tests" / "fakes"
 FAKE_SMI = FAKES / "nvidia-smi"
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "tests" / "slurm"))
+from slurm_helpers import CLUSTER_NODES  # noqa: E402
 
 SSH_BASE_IP = os.environ.get("ORCHESTRATE_TEST_GPU_SSH_BASE_IP", "127.0.12.2")
 SSH_PORT = int(os.environ.get("ORCHESTRATE_TEST_GPU_SSH_PORT", "2222"))
-SLURM_GPUS = "8,2"  # node1 gpu:8, node2 gpu:2 (node3, the spare, gpu:2 too)
-GRES = {"node1": 8, "node2": 2, "node3": 2}
+SLURM_GPUS = "8,2"  # node1 gpu:8, node2 gpu:2 (the other nodes of the testbed, spares, gpu:2 too)
+GRES = {f"node{k}": 8 if k == 1 else 2 for k in range(1, CLUSTER_NODES + 1)}
 
 
 @pytest.hookimpl(trylast=True)

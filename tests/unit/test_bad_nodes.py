@@ -92,6 +92,21 @@ def test_a_failure_names_its_host_and_how():
     assert judge({0: ended(0, "a", 0)}, torn_down_at=None, hang=None, cancel=None).culprit_host == ""
 
 
+def test_nodes_the_scheduler_stopped_after_the_cause_are_stopped_not_failed():
+    """SLURM: --kill-on-bad-exit SIGTERMs the other nodes at once; the supervisor hears of every end only at the job's
+    end, seconds later (16 nodes: 3.7 s). Those nodes were stopped because node 1 failed, not failures of their own."""
+    def node(r: int, rc: int, t: float, stop: str = "", death: str | None = None) -> NodeEnded:
+        return NodeEnded(r, f"node{r + 1}", rc, "", ExitRecord(returncode=rc, time=t, stop_reason=stop,
+                                                                 rank_death=death))
+    ends = {0: node(0, 143, 100.3, "signal SIGTERM"), 1: node(1, 137, 100.0), 2: node(2, 143, 100.4, "signal SIGTERM"),
+            3: node(3, 1, 100.2, death="rank 24 died of SIGSEGV")}
+    r = judge(ends, torn_down_at=104.0, hang=None, cancel=None)
+    assert r.state == "FAILED" and r.root_cause.startswith("node 1 "), r.root_cause
+    assert [n.end for n in r.nodes] == ["stopped", "failed", "stopped", "failed"], r.nodes
+    early = {0: node(0, 143, 99.0, "signal SIGTERM"), 1: node(1, 137, 100.0)}  # told to stop BEFORE the failure
+    assert [n.end for n in judge(early, torn_down_at=104.0, hang=None, cancel=None).nodes] == ["failed", "failed"]
+
+
 # ------------------------------------------------------------------------------------------------ RestartPolicy
 
 def attempt(n: int, host: str = "", kind: str = "", decision: str = "restart", step: int | None = 5, exclude=""):
