@@ -25,6 +25,8 @@ on its own thread within RELAY_GREET_S, so strangers are dropped without delayin
 never time out (a host may start reading late); every blob is still hashed on arrival.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -315,6 +317,18 @@ class Server:
     def blob(self, sha):
         return os.path.join(self.blobs, sha)
 
+    @contextlib.contextmanager
+    def locked(self):
+        """This host's cache changed by one stage at a time (cache/.lock): submitters staging the same files at once
+        (queued jobs) would otherwise replace each other's blobs and trees under them."""
+        _mkdirs(os.path.join(self.root, "cache"))
+        fd = os.open(os.path.join(self.root, "cache", ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def blob_ok(self, sha, size):
         """The blob's inode when it is present, the right size and unchanged since verified; else None."""
         try:
@@ -440,22 +454,30 @@ class Server:
                 bad.append(sha)
                 continue
             os.chmod(tmp, 0o400)
-            ok = path + ".ok"
-            try:
-                os.unlink(ok)
-            except OSError:
-                pass
-            if os.path.exists(path):
-                os.chmod(path, 0o600)
-            os.replace(tmp, path)
-            with open(ok + ".tmp", "w") as fh:
-                fh.write(_stamp(os.stat(path)))
-            os.replace(ok + ".tmp", ok)
+            with self.locked():
+                if self.blob_ok(sha, size) is not None:  # put by another stage meanwhile: keep its file (trees link it)
+                    os.unlink(tmp)
+                    continue
+                ok = path + ".ok"
+                try:
+                    os.unlink(ok)
+                except OSError:
+                    pass
+                if os.path.exists(path):
+                    os.chmod(path, 0o600)
+                os.replace(tmp, path)
+                with open(ok + ".tmp", "w") as fh:
+                    fh.write(_stamp(os.stat(path)))
+                os.replace(ok + ".tmp", ok)
         return {"bytes": got, "bad": bad}
 
     def op_build(self, req):
         """Make each tree (hard links to its blobs) unless it is complete and links the current blobs; then the
         job's links: {path relative to the workdir: tree sha or "outputs/<key>"}."""
+        with self.locked():
+            return self._build(req)
+
+    def _build(self, req):
         built = []
         for th, entries in req.get("trees", {}).items():
             if self.tree_ok(th, entries):
