@@ -615,6 +615,7 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
             if sup.cancel.is_set():  # cancelled between attempts (or before the first started)
                 result = JobResult(JobState.CANCELLED, 130, sup.cancel_reason)
                 break
+            stamp = store.wake_stamp()  # a job of this store that ends during this try wakes the wait after it
             try:
                 result = _run_once(prepared, launcher, sup, store, rd, attempt, emit,
                                    adopt=adopt if attempt == 0 else None)
@@ -626,7 +627,7 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
                     store.update(plan.job_id, JobState.CANCELLED, detail=why[:500], root_cause=why[:500],
                                  exit_code=e.exit_code, final=True)
                     raise
-                wait_for_leases(prepared, sup, store, rd, e, emit)
+                wait_for_leases(prepared, sup, store, rd, e, emit, stamp)
                 continue
             except PreflightError as e:  # hosts that cannot run the job: spares take their place before the start
                 spares = spares_left(prepared) if e.bad_hosts else None
@@ -824,10 +825,12 @@ _WAITING: set[str] = set()  # jobs this process is waiting for (live_supervisor 
 _TOLD: dict[str, tuple[str, int]] = {}  # what was said last of each waiting job (said again only when it changes)
 
 
-def wait_for_leases(prepared: Prepared, sup: Supervisor, store, rd: RunDir, busy: LeasesBusy, emit) -> None:
+def wait_for_leases(prepared: Prepared, sup: Supervisor, store, rd: RunDir, busy: LeasesBusy, emit,
+                    stamp: int | None = None) -> None:
     """The job is QUEUED: recorded with what it waits for (RUN_DIR/queue.json) and its place in this store's queue,
     told to the caller ("queued": {"job_id", "line", "position"}); once no job queued before it in this store wants
-    an overlapping host/GPU (FIFO), returns as soon as a job of this store ends (store.wait_moved: within ~0.05 s)
+    an overlapping host/GPU (FIFO), returns as soon as a job of this store ends (store.wait_moved: within ~0.05 s;
+    `stamp`: the store's wake_stamp() before the try that found the hosts leased, so an end during that try counts)
     or after QUEUE_POLL_S (a holder of another store, another user's), or at once when cancelled. The caller tries
     again."""
     job = prepared.plan.job_id
@@ -846,7 +849,8 @@ def wait_for_leases(prepared: Prepared, sup: Supervisor, store, rd: RunDir, busy
                 told = _TOLD[job] = (line, position)
             # a job of this store ended or started: look again at once; another store's (user's) holder: every
             # QUEUE_POLL_S
-            store.wait_moved(QUEUE_POLL_S, sup.cancel.wait)
+            store.wait_moved(QUEUE_POLL_S, sup.cancel.wait, since=stamp)
+            stamp = None
             if sup.cancel.is_set() or position == 1:
                 return
     finally:

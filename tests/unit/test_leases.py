@@ -177,3 +177,19 @@ def test_a_whole_host_holder_blocks_gpu_jobs(lease_dir):
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait()
+
+
+def test_the_queues_wake_up_counts_a_move_since_a_stamp_taken_before(tmp_path):
+    """A queued submitter's try takes time (staging, a probe on every host): a job of the store that ends meanwhile
+    must wake the wait that follows the try at once, not after QUEUE_POLL_S."""
+    from orchestrator.store import JobStore
+    store = JobStore(tmp_path / "jobs.db")
+    stamp = store.wake_stamp()
+    time.sleep(0.01)
+    store.moved()  # a job ended while the waiter was trying
+    t0 = time.monotonic()
+    assert store.wait_moved(5.0, lambda s: time.sleep(s) or False, since=stamp) is True
+    assert time.monotonic() - t0 < 0.5
+    t0 = time.monotonic()  # without the stamp: only a move after the call counts
+    assert store.wait_moved(0.3, lambda s: time.sleep(s) or False) is False
+    assert time.monotonic() - t0 >= 0.3
