@@ -110,6 +110,7 @@ def main() -> None:
     env = {**os.environ, **OFFLINE, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO),
                                                                               os.environ.get("PYTHONPATH"))))}
     rounds = []
+    load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-queue-") as tmp:
         work = Path(tmp)
         env["ORCHESTRATE_LEASE_DIR"] = str(work / "leases")
@@ -141,7 +142,8 @@ def main() -> None:
     summary = {"jobs": args.jobs, "steps": args.steps, "backend": args.backend, "nodes": args.nodes,
                "gpus": "real" if args.real_gpus else "stand-in nvidia-smi" if args.backend == "local" else None,
                "first_process": "node agent" if args.backend == "local" else "launch",
-               "when": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "rounds": rounds,
+               "when": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),
+               "loadavg_1m_start_end": [round(load0[0], 2), round(os.getloadavg()[0], 2)], "rounds": rounds,
                "queue_wall_median_s": statistics.median(q), "hand_wall_median_s": statistics.median(h),
                "queue_gap_median_s": statistics.median(allgaps) if allgaps else None,
                "queue_gap_max_s": max(allgaps) if allgaps else None,
