@@ -127,7 +127,10 @@ def main() -> None:
             cluster = work / "cluster.yaml"
             # the loopback hosts have no GPUs: a CPU cluster (one gloo process per node), as tests/ssh run on them
             cluster.write_text(json.dumps(testbed.cluster(name="bench")))
-            extra = ["--cluster", str(cluster)]
+            # every job the same main port, as jobs that leave launch.port alone share 29500; one free here, since
+            # all loopback hosts are this machine, where 29500 may be another job's rendezvous
+            from orchestrator.api import free_port
+            extra = ["--cluster", str(cluster), f"launch.port={free_port()}"]
         try:
             for r in range(args.rounds):
                 print(f"round {r + 1}/{args.rounds}", flush=True)
