@@ -16,11 +16,13 @@ import os
 import re
 import socket
 import subprocess
+import time
 
+import pytest
 import yaml
 
-from helpers import PYTHON, cli_status, looping_job, read_looping_ranks, wait_until
-from ssh_helpers import agent_info, remote_run_dir, wait_gone
+from helpers import PYTHON, Submit, cli_status, first_step_seen, looping_job, read_looping_ranks, wait_until
+from ssh_helpers import REPO, agent_info, remote_run_dir, wait_gone
 
 
 def _port() -> str:
@@ -90,3 +92,46 @@ def test_a_sigkilled_submit_on_private_hosts_is_recorded_as_the_hosts_say(privat
     assert (named.group(2), named.group(3), int(named.group(4))) == \
         (hosts[r], nodes[r]["end"], nodes[r]["exit_code"]), (cause, nodes[r])
     assert cli_status(job, env)[0]["nodes"] == st["nodes"]  # recorded (outcome.json): the same table again
+
+
+PRETRAIN_STEPS = 2000  # far more than the test waits for: the job is mid-training when the link goes
+
+
+@pytest.mark.slow
+def test_a_host_cut_off_mid_training_is_the_node_the_cause_and_the_table_name(testbed, cut_off, tmp_path,
+                                                                                job_guard):
+    hosts = testbed.hosts[:2]
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(testbed.cluster()))
+    home = job_guard.home(tmp_path / "home")
+    env = {"ORCHESTRATE_HOME": str(home)}
+    sub = Submit([REPO / "recipes/configs/sft_tiny.yaml", "--nodes", "2", "--cluster", cluster,
+                  f"trainer.max_steps={PRETRAIN_STEPS}", f"trainer.output_dir={tmp_path / 'out'}", _port(),
+                  "health.max_restarts=0"], REPO, env, job_guard)
+    job = sub.job_id()
+    job_guard.run_dir(*(remote_run_dir(testbed, h, job) for h in hosts))
+    wait_until(lambda: first_step_seen(remote_run_dir(testbed, hosts[1], job), 1), 120, 0.2, "node 1 training")
+    cut = agent_info(testbed, hosts[1], job, 1)
+    job_guard.token(agent_info(testbed, hosts[0], job, 0)["token"])
+    job_guard.token(cut["token"])
+    t0 = time.monotonic()
+    cut_off(hosts[1])
+    rc = sub.wait(60)
+    print(f"{hosts[1]} cut off: submit exit {rc} after {time.monotonic() - t0:.1f}s")
+    assert rc != 0, sub.text[-3000:]
+    cut_off.restore()  # its agent hears its connection is gone: its ranks save on the stop and end
+    wait_gone([cut["agent_pgid"], cut["pgid"], cut["token"]], timeout=60)
+    rec = _exit_record(testbed, hosts[1], job, 1)
+    print(f"node 1's own exit record once the link was back: {rec}")
+    st, text = cli_status(job, env)
+    print(text)
+    cause = st["root_cause"]
+    assert st["state"] == "FAILED" and f"node 1 ({hosts[1]}) failed: host {hosts[1]} stopped answering" in cause, st
+    nodes = {n["node"]: n for n in st["nodes"]}
+    table = _table(text)
+    # the named node ended as the cause says: failed, its exit not known to the supervisor when it judged (never the
+    # 0 its agent recorded later, after saving on the stop, as if it had finished well)
+    assert (nodes[1]["host"], nodes[1]["end"]) == (hosts[1], "failed"), nodes[1]
+    assert nodes[1]["exit_code"] != 0 and table[1][2] == "failed" and table[1][3] != "0", (nodes[1], text)
+    assert (nodes[0]["host"], nodes[0]["end"]) == (hosts[0], "stopped"), nodes[0]
+    assert table[0][2] == "stopped", text
