@@ -57,7 +57,7 @@ def test_a_sigkilled_submit_on_private_hosts_is_recorded_as_the_hosts_say(privat
     home = job_guard.home(tmp_path / "home")
     env = {"ORCHESTRATE_HOME": str(home)}
     proc = job_guard.spawn([PYTHON, "-m", "orchestrator.cli", "submit", str(looping_job(tmp_path)), "--nodes", "2",
-                            "--cluster", str(cluster), _port()], env={**os.environ, **env}, cwd=tmp_path,
+                            "--cluster", str(cluster), _port()], env={**os.environ, **env}, cwd=REPO,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     job, ranks = read_looping_ranks(proc, 2)
     job_guard.run_dir(*(remote_run_dir(tb, h, job) for h in hosts))
