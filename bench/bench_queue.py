@@ -7,12 +7,16 @@ submit` started when the previous one returned), interleaved rounds.
 Backends:
 - local (default): 2 emulated nodes on this machine, each with a GPU of its own (a stand-in nvidia-smi showing 2
   GPUs: tests/fakes/nvidia-smi); every job takes both, so they queue on the GPU leases;
-- ssh: 2 loopback sshd hosts (scripts/sshd_hosts.py, needs root); every job takes both hosts.
+- ssh: 2 loopback sshd hosts (scripts/sshd_hosts.py, needs root), a CPU cluster (`accelerator: cpu`: the hosts
+  have no GPUs); every job takes both hosts, so they queue on the host leases.
 
 Each job is own code (tests/faults/beat_loop.py, `--steps` steps of 0.05 s) under `accelerate launch`. Reported per
 round: the wall time of all jobs through the queue and by hand, and the idle gaps between a job's end and the next
-one's first process (its node agent: nodes/<r>/agent.json agent_proc_start against the previous job's last
-nodes/<r>/exit.json time): the median and the largest (goal: <= 0.5 s).
+one's first process against the previous job's last nodes/<r>/exit.json time: the median and the largest (goal:
+<= 0.5 s). The first process: local, the node agent (nodes/<r>/agent.json agent_proc_start; it takes the lease as it
+starts); ssh, the launch (proc_start): there the agent is the host's staging session turned agent, started before its
+pre-flight takes the lease, so a queued job's staging overlaps the job before it and its agent start says nothing
+of when the hosts were free.
 
     .venv/bin/python bench/bench_queue.py [--jobs 20] [--rounds 2] [--backend local|ssh]
 
@@ -44,9 +48,9 @@ def job_yaml(path: Path, steps: int, nodes: int = 2) -> Path:
     return path
 
 
-def gaps(home: Path) -> list[float]:
-    """Idle seconds between each job's end (its last node's exit record) and the next job's first node agent, in
-    the order the jobs ran."""
+def gaps(home: Path, first: str = "agent_proc_start") -> list[float]:
+    """Idle seconds between each job's end (its last node's exit record) and the next job's first process (`first`
+    of its nodes' agent.json: agent_proc_start, the node agent; proc_start, the launch), in the order the jobs ran."""
     spans = []
     for run in (home / "runs").iterdir():
         starts, ends = [], []
@@ -56,14 +60,15 @@ def gaps(home: Path) -> list[float]:
                 ends.append(json.loads((node / "exit.json").read_text())["time"])
             except (OSError, ValueError, KeyError):
                 continue
-            starts.append(agent.get("agent_proc_start") or agent["started"])
+            starts.append(agent.get(first) or agent["started"])
         if starts and ends:
             spans.append((min(starts), max(ends)))
     spans.sort()
     return [round(b[0] - a[1], 3) for a, b in zip(spans, spans[1:], strict=False)]
 
 
-def run_round(n: int, steps: int, env: dict, work: Path, extra: list[str], nodes: int = 2) -> dict:
+def run_round(n: int, steps: int, env: dict, work: Path, extra: list[str], nodes: int = 2,
+              first: str = "agent_proc_start") -> dict:
     out: dict = {}
     for side in ("queue", "hand"):
         home = work / f"home-{side}"
@@ -83,7 +88,7 @@ def run_round(n: int, steps: int, env: dict, work: Path, extra: list[str], nodes
             codes = [subprocess.run(argv, env=e, cwd=REPO, capture_output=True, timeout=600).returncode
                      for _ in range(n)]
         wall = time.perf_counter() - t0
-        g = gaps(home)
+        g = gaps(home, first)
         out[side] = {"wall_s": round(wall, 2), "exit_codes": sorted(set(codes)), "gap_median_s":
                      round(statistics.median(g), 3) if g else None, "gap_max_s": max(g) if g else None, "gaps_s": g}
         print(f"  {side}: {n} jobs in {wall:.1f} s, gaps median {out[side]['gap_median_s']} s, max "
@@ -105,6 +110,7 @@ def main() -> None:
     env = {**os.environ, **OFFLINE, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO),
                                                                               os.environ.get("PYTHONPATH"))))}
     rounds = []
+    load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-queue-") as tmp:
         work = Path(tmp)
         env["ORCHESTRATE_LEASE_DIR"] = str(work / "leases")
@@ -119,12 +125,17 @@ def main() -> None:
             import sshd_hosts
             testbed = sshd_hosts.up(2, work / "sshd")
             cluster = work / "cluster.yaml"
-            cluster.write_text(json.dumps({"name": "bench", "kind": "ssh", "ssh": testbed.ssh_block()}))
-            extra = ["--cluster", str(cluster)]
+            # the loopback hosts have no GPUs: a CPU cluster (one gloo process per node), as tests/ssh run on them
+            cluster.write_text(json.dumps(testbed.cluster(name="bench")))
+            # every job the same main port, as jobs that leave launch.port alone share 29500; one free here, since
+            # all loopback hosts are this machine, where 29500 may be another job's rendezvous
+            from orchestrator.api import free_port
+            extra = ["--cluster", str(cluster), f"launch.port={free_port()}"]
         try:
             for r in range(args.rounds):
                 print(f"round {r + 1}/{args.rounds}", flush=True)
-                rounds.append(run_round(args.jobs, args.steps, env, work, extra, args.nodes))
+                rounds.append(run_round(args.jobs, args.steps, env, work, extra, args.nodes,
+                                        "agent_proc_start" if args.backend == "local" else "proc_start"))
         finally:
             if testbed is not None:
                 sshd_hosts.down(work / "sshd")
@@ -133,7 +144,9 @@ def main() -> None:
     allgaps = [g for r in rounds for g in r["queue"]["gaps_s"]]
     summary = {"jobs": args.jobs, "steps": args.steps, "backend": args.backend, "nodes": args.nodes,
                "gpus": "real" if args.real_gpus else "stand-in nvidia-smi" if args.backend == "local" else None,
-               "when": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "rounds": rounds,
+               "first_process": "node agent" if args.backend == "local" else "launch",
+               "when": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),
+               "loadavg_1m_start_end": [round(load0[0], 2), round(os.getloadavg()[0], 2)], "rounds": rounds,
                "queue_wall_median_s": statistics.median(q), "hand_wall_median_s": statistics.median(h),
                "queue_gap_median_s": statistics.median(allgaps) if allgaps else None,
                "queue_gap_max_s": max(allgaps) if allgaps else None,

@@ -615,6 +615,7 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
             if sup.cancel.is_set():  # cancelled between attempts (or before the first started)
                 result = JobResult(JobState.CANCELLED, 130, sup.cancel_reason)
                 break
+            stamp = store.wake_stamp()  # a job of this store that ends during this try wakes the wait after it
             try:
                 result = _run_once(prepared, launcher, sup, store, rd, attempt, emit,
                                    adopt=adopt if attempt == 0 else None)
@@ -626,7 +627,7 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
                     store.update(plan.job_id, JobState.CANCELLED, detail=why[:500], root_cause=why[:500],
                                  exit_code=e.exit_code, final=True)
                     raise
-                wait_for_leases(prepared, sup, store, rd, e, emit)
+                wait_for_leases(prepared, sup, store, rd, e, emit, stamp)
                 continue
             except PreflightError as e:  # hosts that cannot run the job: spares take their place before the start
                 spares = spares_left(prepared) if e.bad_hosts else None
@@ -744,6 +745,7 @@ def cancel_array(cluster: ClusterSpec, array: str) -> None:
 
 
 QUEUE_POLL_S = 3.0  # a QUEUED job looks again this often (docs/CONTRACT.md "Leases")
+QUEUE_OWN_POLL_S = 30.0  # ... when its holders are live jobs of its own store (their end wakes it; a safety net)
 END_RETRY_S = 60.0  # a full job store: the supervising process keeps trying to record the end this long
 
 
@@ -820,16 +822,29 @@ def queue_positions(records: list | None = None) -> dict[str, int]:
     return {q[0]: queue_position(q[0], queued) for q in queued}
 
 
+def queue_poll_s(store, busy: LeasesBusy) -> float:
+    """How long a QUEUED job waits for its store to move before it looks again: QUEUE_POLL_S, or QUEUE_OWN_POLL_S when
+    every lease it found busy is held by a job of its own store whose supervisor lives: that job's end moves the
+    store's wake-up, and a try every few seconds meanwhile (staging, a probe on every host) only takes CPU from it."""
+    from orchestrator.detach import live_supervisor
+    jobs = {(b.get("holder") or {}).get("job") for b in busy.busy}
+    if jobs and all(j and store.get(j) is not None and live_supervisor(j) is not None for j in jobs):
+        return QUEUE_OWN_POLL_S
+    return QUEUE_POLL_S
+
+
 _WAITING: set[str] = set()  # jobs this process is waiting for (live_supervisor does not name this process)
 _TOLD: dict[str, tuple[str, int]] = {}  # what was said last of each waiting job (said again only when it changes)
 
 
-def wait_for_leases(prepared: Prepared, sup: Supervisor, store, rd: RunDir, busy: LeasesBusy, emit) -> None:
+def wait_for_leases(prepared: Prepared, sup: Supervisor, store, rd: RunDir, busy: LeasesBusy, emit,
+                    stamp: int | None = None) -> None:
     """The job is QUEUED: recorded with what it waits for (RUN_DIR/queue.json) and its place in this store's queue,
     told to the caller ("queued": {"job_id", "line", "position"}); once no job queued before it in this store wants
-    an overlapping host/GPU (FIFO), returns as soon as a job of this store ends (store.wait_moved: within ~0.05 s)
-    or after QUEUE_POLL_S (a holder of another store, another user's), or at once when cancelled. The caller tries
-    again."""
+    an overlapping host/GPU (FIFO), returns as soon as a job of this store ends (store.wait_moved: within ~0.05 s;
+    `stamp`: the store's wake_stamp() before the try that found the hosts leased, so an end during that try counts)
+    or after queue_poll_s (QUEUE_POLL_S for a holder of another store, another user's), or at once when cancelled.
+    The caller tries again."""
     job = prepared.plan.job_id
     line = str(busy)
     _WAITING.add(job)
@@ -839,6 +854,7 @@ def wait_for_leases(prepared: Prepared, sup: Supervisor, store, rd: RunDir, busy
         rd.write_json(RunDir.QUEUE, {"waiting_for": line, "since": since or time.time(), "t": time.time()})
         store.update(job, JobState.QUEUED, detail=line[:500])
         told = _TOLD.get(job)
+        poll = queue_poll_s(store, busy)
         while True:
             position = queue_positions().get(job, 1)
             if (line, position) != told:
@@ -846,7 +862,8 @@ def wait_for_leases(prepared: Prepared, sup: Supervisor, store, rd: RunDir, busy
                 told = _TOLD[job] = (line, position)
             # a job of this store ended or started: look again at once; another store's (user's) holder: every
             # QUEUE_POLL_S
-            store.wait_moved(QUEUE_POLL_S, sup.cancel.wait)
+            store.wait_moved(poll, sup.cancel.wait, since=stamp)
+            stamp = None
             if sup.cancel.is_set() or position == 1:
                 return
     finally:

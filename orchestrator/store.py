@@ -375,20 +375,25 @@ class JobStore:
         except OSError:
             pass  # a full disk: the waiters still look every QUEUE_POLL_S
 
-    def wait_moved(self, timeout: float, cancelled: Callable[[float], bool], every: float = 0.05) -> bool:
+    def wake_stamp(self) -> int:
+        """Where the queue's wake-up stands now (jobs.wake's mtime; 0 before any): `wait_moved(since=...)`."""
+        try:
+            return os.stat(self.wake_path).st_mtime_ns
+        except OSError:
+            return 0
+
+    def wait_moved(self, timeout: float, cancelled: Callable[[float], bool], every: float = 0.05,
+                   since: int | None = None) -> bool:
         """Wait up to `timeout` seconds for a job of this store to end or start (True), or `cancelled(wait_s)` to say
-        True (False); a stat every `every` seconds, nothing else."""
-        def mtime() -> int:
-            try:
-                return os.stat(self.wake_path).st_mtime_ns
-            except OSError:
-                return 0
-        seen, deadline = mtime(), time.monotonic() + timeout
+        True (False); a stat every `every` seconds, nothing else. `since`: a wake_stamp() taken earlier: a move since
+        then counts (at once), so one that came while the caller was busy (a try that found the hosts leased) is not
+        missed."""
+        seen, deadline = self.wake_stamp() if since is None else since, time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self.wake_stamp() != seen:
+                return True
             if cancelled(every):
                 return False
-            if mtime() != seen:
-                return True
         return False
 
     def get(self, job_id: str) -> JobRecord | None:

@@ -250,6 +250,43 @@ def cli(*args: Any, env: dict | None = None, timeout: float = 120, **kw: Any) ->
                timeout=timeout, **kw)
 
 
+class Submit:
+    """An attached `orchestrate submit ARGS` in the background (registered with `job_guard`): its output (stdout and
+    stderr together) collected line by line."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict, job_guard: "JobGuard"):
+        import threading
+        self.proc = job_guard.proc(spawn([PYTHON, "-m", "orchestrator.cli", "submit", *map(str, args)], cwd=cwd,
+                                         env={**os.environ, **OFFLINE_ENV, **env}, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True))
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
+        self.reader.start()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def job_id(self) -> str:
+        import re
+        found = wait_until(lambda: re.search(r"job (\S+): run dir", self.text), 120, 0.1, "the submit's run dir line")
+        return found.group(1)
+
+    def wait(self, timeout: float) -> int:
+        rc = self.proc.wait(timeout)
+        self.reader.join(10)
+        return rc
+
+
+def cli_status(job: str, env: dict | None = None) -> tuple[dict, str]:
+    """`orchestrate status JOB --json` (parsed) and `orchestrate status JOB` (its text), both exit 0."""
+    js = cli("status", job, "--json", env=env)
+    assert js.returncode == 0, js.stderr
+    text = cli("status", job, env=env)
+    assert text.returncode == 0, text.stderr
+    return json.loads(js.stdout), text.stdout
+
+
 def looping_job(tmp_path: Path) -> Path:
     """A job file (`run: script:`) whose every rank prints `LOOPING <pid>`, then a line every 0.2 s, forever."""
     import yaml

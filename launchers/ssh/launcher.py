@@ -410,7 +410,7 @@ class SSHLauncher:
             if isinstance(res, Exception):
                 unreachable[ranks[host]] = f"{host}: {res}"
             else:
-                rows += [dict(r, host=r.get("host") or host) for r in res]
+                rows += [dict(r, host=host) for r in res]  # the host as the job names it, not the machine's name
         return status_from_nodes(rows, unreachable)
 
     def cancel(self, handle: JobHandle, run_dir: RunDir) -> None:

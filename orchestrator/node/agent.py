@@ -676,9 +676,14 @@ def main(argv: list[str] | None = None) -> int:
         from orchestrator.core.leases import EXIT_BUSY
         from orchestrator.node.probe import PROBE_MARK, probe_spec
         spec = json.loads(args.probe)
-        res = probe_spec(spec)
-        if not res["problems"] and spec.get("lease"):
-            lease, res["busy"] = take_lease(spec["lease"])
+        busy = None
+        if spec.get("lease"):
+            lease, busy = take_lease(spec["lease"])
+        # the lease first: a host that another job leases has its main port in use by that job, which is no problem
+        # of this host (it waits, QUEUED): the port is checked once this job holds the lease
+        res = probe_spec(dict(spec, port=0) if busy else spec)
+        if spec.get("lease"):
+            res["busy"] = busy
         print(PROBE_MARK + json.dumps(res), flush=True)
         if res["problems"]:
             return 2

@@ -25,6 +25,8 @@ on its own thread within RELAY_GREET_S, so strangers are dropped without delayin
 never time out (a host may start reading late); every blob is still hashed on arrival.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -315,6 +317,18 @@ class Server:
     def blob(self, sha):
         return os.path.join(self.blobs, sha)
 
+    @contextlib.contextmanager
+    def locked(self):
+        """This host's cache changed by one stage at a time (cache/.lock): submitters staging the same files at once
+        (queued jobs) would otherwise replace each other's blobs and trees under them."""
+        _mkdirs(os.path.join(self.root, "cache"))
+        fd = os.open(os.path.join(self.root, "cache", ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def blob_ok(self, sha, size):
         """The blob's inode when it is present, the right size and unchanged since verified; else None."""
         try:
@@ -440,23 +454,30 @@ class Server:
                 bad.append(sha)
                 continue
             os.chmod(tmp, 0o400)
-            ok = path + ".ok"
-            try:
-                os.unlink(ok)
-            except OSError:
-                pass
-            if os.path.exists(path):
-                os.chmod(path, 0o600)
-            os.replace(tmp, path)
-            stamp = "%s.tmp.%d" % (ok, os.getpid())  # two jobs may stage the same blob to this host at once
-            with open(stamp, "w") as fh:
-                fh.write(_stamp(os.stat(path)))
-            os.replace(stamp, ok)
+            with self.locked():
+                if self.blob_ok(sha, size) is not None:  # put by another stage meanwhile: keep its file (trees link it)
+                    os.unlink(tmp)
+                    continue
+                ok = path + ".ok"
+                try:
+                    os.unlink(ok)
+                except OSError:
+                    pass
+                if os.path.exists(path):
+                    os.chmod(path, 0o600)
+                os.replace(tmp, path)
+                with open(ok + ".tmp", "w") as fh:
+                    fh.write(_stamp(os.stat(path)))
+                os.replace(ok + ".tmp", ok)
         return {"bytes": got, "bad": bad}
 
     def op_build(self, req):
         """Make each tree (hard links to its blobs) unless it is complete and links the current blobs; then the
         job's links: {path relative to the workdir: tree sha or "outputs/<key>"}."""
+        with self.locked():
+            return self._build(req)
+
+    def _build(self, req):
         built = []
         for th, entries in req.get("trees", {}).items():
             if self.tree_ok(th, entries):
@@ -477,22 +498,11 @@ class Server:
             _mkdirs(tmp)
             with open(os.path.join(tmp, TREE_MARK), "w") as fh:
                 fh.write(th)
-            # Another job staging the same tree to this host at once may have built it meanwhile: a complete one
-            # stays (its job may be using it), ours goes.
-            if self.tree_ok(th, entries):
-                shutil.rmtree(tmp, ignore_errors=True)
-                continue
             if os.path.exists(top):
                 old = top + ".old.%d" % os.getpid()
                 os.rename(top, old)
                 shutil.rmtree(old, ignore_errors=True)
-            try:
-                os.rename(tmp, top)
-            except OSError:  # (a non-empty directory is there: the other job's build landed in between)
-                shutil.rmtree(tmp, ignore_errors=True)
-                if not self.tree_ok(th, entries):
-                    raise
-                continue
+            os.rename(tmp, top)
             built.append(th)
         for rel, target in sorted(req.get("links", {}).items()):
             if _bad_rel(rel) or _bad_rel(target):

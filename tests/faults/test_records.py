@@ -12,18 +12,16 @@ Mounting a tmpfs needs root: without it the full-disk test skips, except under C
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import OFFLINE_ENV, PYTHON, cli, fill, small_tmpfs, spawn, wait_gone, wait_until
+from helpers import Submit, fill, small_tmpfs, wait_gone, wait_until
+from helpers import cli_status as _status
 from orchestrator.node.proctools import marked
 from orchestrator.node.rundir import RunDir
 from orchestrator.store import JobStore
@@ -41,42 +39,8 @@ def _job(tmp: Path, steps: int, pause: float) -> Path:
     return p
 
 
-class Submit:
-    """An attached `orchestrate submit` in the background: its output collected line by line."""
-
-    def __init__(self, job: Path, cwd: Path, env: dict, job_guard):
-        self.proc = job_guard.proc(spawn([PYTHON, "-m", "orchestrator.cli", "submit", str(job), "--nodes", "2"],
-                                         cwd=cwd, env={**os.environ, **OFFLINE_ENV, **env}, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True))
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
-        self.reader.start()
-
-    @property
-    def text(self) -> str:
-        return "".join(self.lines)
-
-    def job_id(self) -> str:
-        import re
-        found = wait_until(lambda: re.search(r"job (\S+): run dir", self.text), 120, 0.1, "the submit's run dir line")
-        return found.group(1)
-
-    def wait(self, timeout: float) -> int:
-        rc = self.proc.wait(timeout)
-        self.reader.join(10)
-        return rc
-
-
-def _status(job: str, env: dict | None = None) -> tuple[dict, str]:
-    js = cli("status", job, "--json", env=env)
-    assert js.returncode == 0, js.stderr
-    text = cli("status", job, env=env)
-    assert text.returncode == 0, text.stderr
-    return json.loads(js.stdout), text.stdout
-
-
 def test_an_agent_killed_by_sigkill_is_shown_as_killed_and_the_node_table_agrees(tmp_path, job_guard):
-    sub = Submit(_job(tmp_path, 100000, 0.1), tmp_path, {}, job_guard)
+    sub = Submit([_job(tmp_path, 100000, 0.1), "--nodes", "2"], tmp_path, {}, job_guard)
     job = sub.job_id()
     rd = RunDir(JobStore().get(job).run_dir)
     wait_until(lambda: len(rd.agents()) == 2 and (rd.furthest_step() or 0) >= 3, 180, 0.2, "both nodes stepping")
@@ -105,7 +69,7 @@ def test_a_full_orchestrate_home_mid_run_keeps_the_real_end(small_home, tmp_path
     home = small_home / "home"
     env = {"ORCHESTRATE_HOME": str(home)}
     job_guard.home(home)
-    sub = Submit(_job(tmp_path, 60, 0.1), tmp_path, env, job_guard)
+    sub = Submit([_job(tmp_path, 60, 0.1), "--nodes", "2"], tmp_path, env, job_guard)
     job = sub.job_id()
     rd = RunDir(home / "runs" / job)
     wait_until(lambda: len(rd.agents()) == 2 and (rd.furthest_step() or 0) >= 3, 180, 0.1, "both nodes stepping")

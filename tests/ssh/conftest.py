@@ -16,6 +16,8 @@ import dataclasses
 import json
 import os
 import secrets
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -90,6 +92,37 @@ def make_cluster(testbed):
     def make(hosts=None, **over):
         return parse_cluster(testbed.cluster(hosts=hosts, **over), source="<test>")
     return make
+
+
+def _nft(*args: str) -> None:
+    subprocess.run(["nft", *args], check=True, capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def cut_off():
+    """cut_off(host): drop every packet to or from `host` (a loopback address of the testbed); undone at the end."""
+    if shutil.which("nft") is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("nft (nftables) missing under CI: scripts/install_ssh_deps.sh installs it")
+        pytest.skip("nft (nftables) not installed")
+    table = f"orch_cut_{os.getpid()}"
+    made = []
+
+    def cut(host: str) -> None:
+        if not made:
+            _nft("add", "table", "ip", table)
+            _nft("add", "chain", "ip", table, "input", "{ type filter hook input priority 0 ; }")
+            made.append(table)
+        _nft("add", "rule", "ip", table, "input", "ip", "saddr", host, "drop")
+        _nft("add", "rule", "ip", table, "input", "ip", "daddr", host, "drop")
+
+    def restore() -> None:
+        if made:
+            subprocess.run(["nft", "delete", "table", "ip", table], capture_output=True, timeout=30)
+            made.clear()
+    cut.restore = restore
+    yield cut
+    restore()
 
 
 def job_id(tag: str) -> str:

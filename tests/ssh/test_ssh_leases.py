@@ -54,10 +54,11 @@ def _port() -> str:
     return f"launch.port={free_port()}"
 
 
-def _spawn_submit(job_guard, home: Path, job_file: Path, cluster: Path, *extra: str) -> subprocess.Popen:
+def _spawn_submit(job_guard, home: Path, job_file: Path, cluster: Path, *extra: str, port: str | None = None
+                  ) -> subprocess.Popen:
     env = {**os.environ, **OFFLINE_ENV, "ORCHESTRATE_HOME": str(home)}
     return job_guard.spawn([PYTHON, "-m", "orchestrator.cli", "submit", str(job_file), "--nodes", "2", "--cluster",
-                            str(cluster), _port(), *extra], env=env, cwd=REPO,
+                            str(cluster), port or _port(), *extra], env=env, cwd=REPO,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -161,6 +162,26 @@ def test_no_wait_exits_75_naming_host_lease_and_holder(testbed, tmp_path, job_gu
     job_b = rows[0]["id"]
     for rank, host in enumerate((b, c)):  # nothing of it started anywhere
         assert not (remote_run_dir(testbed, host, job_b) / "nodes" / str(rank) / "agent.json").exists()
+    holder.send_signal(signal.SIGINT)
+    holder.communicate(timeout=60)
+    assert holder.returncode == 130
+
+
+def test_a_job_waiting_for_the_holders_main_host_and_port_is_queued_not_refused(testbed, tmp_path, job_guard):
+    """Jobs of one user queue on the same main host with the same main port (29500 unless launch.port says
+    otherwise): the holder's rendezvous has that port open, which is the lease's business (wait), not a broken
+    host (the pre-flight refusing the waiter with 'main port ... is in use')."""
+    a, b, c = testbed.hosts[:3]
+    home = job_guard.home(tmp_path / "home")
+    port = _port()
+    holder = _spawn_submit(job_guard, home, _looping(tmp_path), _cluster(testbed, tmp_path, "poolA", [a, b]), port=port)
+    job_a, _ = read_looping_ranks(holder, 2)
+    job_guard.run_dir(*(remote_run_dir(testbed, h, job_a) for h in (a, b)))
+    cluster_c = _cluster(testbed, tmp_path, "poolC", [a, c])
+    p = cli("submit", _short_job(tmp_path, 1), "--nodes", "2", "--cluster", cluster_c, "--no-wait", port,
+            env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=60)
+    assert p.returncode == EXIT_BUSY, p.stdout[-2000:] + p.stderr[-2000:]
+    assert f"host {a} is leased by job {job_a} (" in p.stderr and "main port" not in p.stderr, p.stderr
     holder.send_signal(signal.SIGINT)
     holder.communicate(timeout=60)
     assert holder.returncode == 130

@@ -177,3 +177,48 @@ def test_a_whole_host_holder_blocks_gpu_jobs(lease_dir):
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait()
+
+
+def test_the_queues_wake_up_counts_a_move_since_a_stamp_taken_before(tmp_path):
+    """A queued submitter's try takes time (staging, a probe on every host): a job of the store that ends meanwhile
+    must wake the wait that follows the try at once, not after QUEUE_POLL_S."""
+    from orchestrator.store import JobStore
+    store = JobStore(tmp_path / "jobs.db")
+    stamp = store.wake_stamp()
+    time.sleep(0.01)
+    store.moved()  # a job ended while the waiter was trying
+    t0 = time.monotonic()
+    assert store.wait_moved(5.0, lambda s: time.sleep(s) or False, since=stamp) is True
+    assert time.monotonic() - t0 < 0.5
+    t0 = time.monotonic()  # without the stamp: only a move after the call counts
+    assert store.wait_moved(0.3, lambda s: time.sleep(s) or False) is False
+    assert time.monotonic() - t0 >= 0.3
+
+
+def test_a_job_queued_behind_a_live_job_of_its_own_store_waits_for_its_end_not_the_poll(tmp_path, monkeypatch):
+    """Its holder's end wakes it: trying every QUEUE_POLL_S meanwhile (staging, a probe per host) would only take
+    CPU from the job it waits for. Another store's holder, a holder whose supervisor is gone, or one not recorded
+    yet: QUEUE_POLL_S."""
+    from orchestrator import api
+    from orchestrator.errors import LeasesBusy
+    from orchestrator.node.proctools import process_start_time
+    from orchestrator.store import JobStore
+    monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path))
+    store = JobStore()
+    for j in ("mine", "dead"):
+        store.create(job_id=j, recipe="r", recipe_digest="d", cluster="c", backend="ssh", nodes=2, world_size=2,
+                     run_dir=str(tmp_path / j))
+    sup = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / "supervisors").mkdir(exist_ok=True)
+        (tmp_path / "supervisors" / "mine.pid").write_text(f"{sup.pid} {process_start_time(sup.pid):.3f}\n")
+        (tmp_path / "supervisors" / "dead.pid").write_text("999999999 1.0\n")
+
+        def busy(*jobs):
+            return LeasesBusy([{"host": "h", "holder": {"job": j} if j else None} for j in jobs], "busy")
+        assert api.queue_poll_s(store, busy("mine")) == api.QUEUE_OWN_POLL_S
+        for other in (busy("mine", "dead"), busy("elsewhere"), busy(None), busy()):
+            assert api.queue_poll_s(store, other) == api.QUEUE_POLL_S
+    finally:
+        sup.kill()
+        sup.wait()

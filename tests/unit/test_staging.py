@@ -91,6 +91,40 @@ def test_a_corrupted_cached_file_is_detected_resent_and_its_trees_rebuilt(host, 
     assert staged.read_bytes() == data
 
 
+def test_two_stages_of_the_same_files_at_once_both_succeed_and_keep_one_copy(tmp_path):
+    """Queued jobs stage the same files onto a host at the same time (two submitters, two cache servers on one
+    workdir): neither fails on the other's temporary files, and the trees link the one kept copy."""
+    import threading
+    datas = [os.urandom(2048) + bytes([i % 256]) for i in range(150)]
+    blobs = [[_sha(d), len(d)] for d in datas]
+    tree = {"t": [[f"f{i}", b[0], b[1], 0o400] for i, b in enumerate(blobs)]}
+    hosts = [Host(tmp_path / "w"), Host(tmp_path / "w")]
+    replies: dict[int, list] = {}
+
+    def stage(i: int) -> None:
+        replies[i] = [hosts[i].ask({"op": "put", "blobs": blobs}, b"".join(datas)),
+                      hosts[i].ask({"op": "build", "trees": tree, "links": {f"runs/j{i}/staged/code": "t"}})]
+    try:
+        threads = [threading.Thread(target=stage, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        for h in hosts:
+            h.p.kill()
+            h.p.wait()
+    for i in range(2):
+        put, build = replies[i]
+        assert "error" not in put and put["bad"] == [], put
+        assert "error" not in build, build
+    w = tmp_path / "w"
+    for i, d in enumerate(datas):
+        assert os.stat(w / f"cache/trees/t/f{i}").st_ino == os.stat(w / f"cache/blobs/{blobs[i][0]}").st_ino
+        assert (w / f"runs/j1/staged/code/f{i}").read_bytes() == d
+    assert not [p.name for p in (w / "cache/blobs").iterdir() if ".tmp" in p.name or ".part" in p.name]
+
+
 def test_host_cache_refuses_bad_content_and_paths(host):
     data = b"x" * 100
     out = host.ask({"op": "put", "blobs": [["0" * 64, len(data)]]}, data)
