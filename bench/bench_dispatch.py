@@ -10,8 +10,9 @@ the two nodes).
     .venv/bin/python bench/bench_dispatch.py [--repeat 6] [--ref REV]
 
 --ref REV runs the same warm submit with orchestrate at git revision REV as a third side in every round (from `git
-archive`, byte-compiled alike) and reports each phase paired: this tree minus REV, round by round. Orchestrate's
-modules are byte-compiled first, as pip installs them (PYTHONDONTWRITEBYTECODE or not). Writes
+archive`, byte-compiled alike) and reports each phase paired: this tree minus REV, round by round. Each warm side also
+times the CPU of a `submit --dry-run` (`dry_run_cpu`: steady where the wall times scatter on a shared machine).
+Orchestrate's modules are byte-compiled first, as pip installs them (PYTHONDONTWRITEBYTECODE or not). Writes
 bench/results/dispatch.json.
 """
 
@@ -61,6 +62,19 @@ def one(job: Path, home: Path, tree: Path = REPO) -> dict[str, float]:
             "agent": statistics.mean(x - y for x, y in zip(launchers, agents, strict=True))}
 
 
+def dry_run_cpu(job: Path, home: Path, tree: Path = REPO) -> float:
+    """CPU seconds (user + sys) of one `submit --dry-run` of the same job: the CLI's validation and planning without
+    the run dir, the store and the agents; unlike the wall times it barely moves when other work shares the cores."""
+    import resource
+    env = {**os.environ, "ORCHESTRATE_HOME": str(home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": str(tree)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(job), "--nodes", "2", "--dry-run"],
+                   env=env, cwd=tree, capture_output=True, check=True, timeout=300)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def summary(values: list[float]) -> dict[str, float | list[float]]:
     return {"median_s": round(statistics.median(values), 3), "range_s": [round(min(values), 3), round(max(values), 3)]}
 
@@ -92,25 +106,27 @@ def main() -> None:
         for i in range(args.repeat):
             for side, (tree, home) in sides.items():
                 runs[side].append(one(job, home or work / f"cold{i}", tree))
+                if home is not None:
+                    runs[side][-1]["dry_run_cpu"] = dry_run_cpu(job, home, tree)
             print(f"  {i + 1}: " + ", ".join(f"{side} {' '.join(f'{p} {r[-1][p]:.3f}' for p in PHASES)}"
                                             for side, r in runs.items()), flush=True)
     res: dict = {"when": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "repeat": args.repeat,
                  "ref": args.ref, "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
     for side, rows in runs.items():
-        res[side] = {p: summary([r[p] for r in rows]) for p in PHASES}
+        res[side] = {p: summary([r[p] for r in rows]) for p in (*PHASES, "dry_run_cpu") if p in rows[0]}
     if args.ref:
         pairs = list(zip(runs["warm"], runs["ref"], strict=True))
-        res["paired_warm_minus_ref"] = {p: summary([a[p] - b[p] for a, b in pairs]) for p in PHASES}
+        res["paired_warm_minus_ref"] = {p: summary([a[p] - b[p] for a, b in pairs]) for p in (*PHASES, "dry_run_cpu")}
     res["runs"] = runs
     out = REPO / "bench" / "results" / "dispatch.json"
     out.write_text(json.dumps(res, indent=1) + "\n")
     for side in runs:
-        print(f"{side:5s} " + "  ".join(f"{p} {res[side][p]['median_s']:.3f} ({res[side][p]['range_s'][0]:.3f}-"
-                                         f"{res[side][p]['range_s'][1]:.3f})" for p in PHASES))
+        print(f"{side:5s} " + "  ".join(f"{p} {v['median_s']:.3f} ({v['range_s'][0]:.3f}-{v['range_s'][1]:.3f})"
+                                         for p, v in res[side].items()))
     if args.ref:
-        d = res["paired_warm_minus_ref"]
-        print("warm - ref, paired: " + "  ".join(f"{p} {d[p]['median_s']:+.3f} ({d[p]['range_s'][0]:+.3f} to "
-                                                 f"{d[p]['range_s'][1]:+.3f})" for p in PHASES))
+        print("warm - ref, paired: " + "  ".join(f"{p} {v['median_s']:+.3f} ({v['range_s'][0]:+.3f} to "
+                                                 f"{v['range_s'][1]:+.3f})"
+                                                 for p, v in res["paired_warm_minus_ref"].items()))
     print(f"wrote {out}")
 
 
