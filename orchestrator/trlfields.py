@@ -26,6 +26,8 @@ import enum
 import functools
 import json
 import os
+import re
+import sys
 import types
 import typing
 from pathlib import Path
@@ -133,10 +135,23 @@ def _write(path: Path, payload: dict[str, Any]) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _version(package: str) -> str | None:
-    """The installed version (importlib.metadata scans sys.path: ~40 ms; asked twice per plan, so kept)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """The installed version: the first `<name>-<version>.dist-info` on sys.path names it (pip names the directory by
+    the version it records inside), as importlib.metadata would find it; only without one (an egg-info install, no
+    such package) is importlib.metadata asked (importing it and parsing the metadata cost ~25 ms). Kept per process."""
+    want = re.sub(r"[-_.]+", "_", package).lower()
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith(".dist-info"):
+                dist, _, version = name[:-len(".dist-info")].rpartition("-")
+                if version and re.sub(r"[-_.]+", "_", dist).lower() == want:
+                    return version
+    from importlib.metadata import PackageNotFoundError, version as metadata_version
     try:
-        return version(package)
+        return metadata_version(package)
     except PackageNotFoundError:
         return None
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Annotated, Any
 
 STRAGGLER_ACTIONS = ("warn", "restart_without")
@@ -241,6 +240,7 @@ class HealthMonitor:
         """Ranks slower than the others by health.straggler.factor (and by at least min_gap_s) over the last
         health.straggler.window steps, the slowest first. Judged only once every rank has a full window of evidence
         (nothing is said on less), against the median of the OTHER ranks' medians (with 2 ranks: the other one)."""
+        from statistics import median  # (imported here: the node agent and the CLI's start need HealthSpec only)
         n = self.straggler_window
         medians: dict[int, float] = {}
         for r in range(self.world_size):
@@ -260,6 +260,7 @@ class HealthMonitor:
 
     def evidence(self) -> dict[int, float]:
         """Each rank's median forward seconds per step over its last window (or fewer) steps: status's column."""
+        from statistics import median
         return {r: median(c for _, c in st.compute) for r, st in sorted(self.ranks.items()) if st.compute}
 
     def progress(self) -> int:

@@ -19,7 +19,6 @@ Pure: no I/O.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import ipaddress
 import re
@@ -84,6 +83,7 @@ def _url_problem(x: Any) -> str | None:
 
 
 def suggest(key: str, known: Iterable[Any]) -> str:
+    import difflib  # (only a problem needs a suggestion)
     close = difflib.get_close_matches(key, [str(k) for k in known], n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 

@@ -9,10 +9,12 @@ several: the `trainer:` block against TRL's field kinds and the plan's ranges, t
 TRL subcommands, its args' TrainingArguments-like values), ssh hosts (given or from a hostfile), blocks that do not
 match the cluster kind.
 
-The only omegaconf user (imported inside functions). Merge order: dataclass defaults < file < CLI flags <
-dotlist overrides. `read_yaml`/`load` read files; `parse_*` are pure. Every problem of one input is reported
-together in one `ConfigError` (exit code 2) before anything is touched. Dotlist keys starting with `cluster.`
-go to the cluster file (e.g. `cluster.slurm.time=00:30:00`); all others to the recipe.
+The only omegaconf user, and only where it is needed: dotlist overrides, `${...}` interpolations, merges that are
+not of plain data (`_merged_plain` does the others: importing omegaconf was most of a submit's validation time).
+Merge order: dataclass defaults < file < CLI flags < dotlist overrides. `read_yaml`/`load` read files; `parse_*` are
+pure. Every problem of one input is reported together in one `ConfigError` (exit code 2) before anything is touched.
+Dotlist keys starting with `cluster.` go to the cluster file (e.g. `cluster.slurm.time=00:30:00`); all others to the
+recipe.
 """
 
 from __future__ import annotations
@@ -657,7 +659,6 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
 
 def parse_dotlist(items: list[str]) -> tuple[dict[str, Any], dict[str, Any], list[Problem]]:
     """`a.b=1` overrides -> (recipe overrides, cluster overrides, problems). Values parse as YAML."""
-    from omegaconf import OmegaConf
     recipe_items, cluster_items, problems = [], [], []
     for item in items:
         key, sep, _ = item.partition("=")
@@ -668,23 +669,84 @@ def parse_dotlist(items: list[str]) -> tuple[dict[str, Any], dict[str, Any], lis
             cluster_items.append(item[len("cluster."):])
         else:
             recipe_items.append(item)
-    out = []
+    out: list[dict[str, Any]] = []
     for group in (recipe_items, cluster_items):
+        if not group:
+            out.append({})
+            continue
         try:
-            out.append(OmegaConf.to_container(OmegaConf.from_dotlist(group), resolve=True) if group else {})
+            from omegaconf import OmegaConf
+            out.append(OmegaConf.to_container(OmegaConf.from_dotlist(group), resolve=True))  # type: ignore[arg-type]
         except Exception as e:  # noqa: BLE001 - omegaconf raises several types for bad grammar
             problems.append(Problem("overrides", f"cannot parse: {str(e).splitlines()[0]}"))
             out.append({})
     return out[0], out[1], problems
 
 
+_PLAIN_LEAVES = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """Data omegaconf would hand back unchanged: YAML's plain scalars (no string holding an `${...}` interpolation or
+    omegaconf's `???`), lists of them, mappings with string keys."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    if isinstance(value, str):
+        return "${" not in value and value != "???"
+    return isinstance(value, _PLAIN_LEAVES)
+
+
+def _copy_plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy_plain(v) for k, v in value.items()}
+    return [_copy_plain(v) for v in value] if isinstance(value, list) else value
+
+
+def _merge_plain(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any] | None:
+    """omegaconf's merge of two plain layers (a mapping over a mapping merges key by key, anything else replaces),
+    or None where the two do not agree on a key's shape (a mapping against a list or a scalar): omegaconf decides
+    (or refuses) those."""
+    out = dict(base)
+    for key, value in top.items():
+        old = out.get(key)
+        if isinstance(old, dict) and isinstance(value, dict):
+            merged = _merge_plain(old, value)
+            if merged is None:
+                return None
+            out[key] = merged
+        elif key in out and (isinstance(old, dict) or isinstance(value, dict)):
+            return None
+        else:
+            out[key] = value
+    return out
+
+
+def _merged_plain(layers: tuple[dict[str, Any], ...]) -> dict[str, Any] | None:
+    """The layers merged as omegaconf would, when they are all plain (`_plain`) and agree on every key's shape (a
+    fresh copy, sharing nothing with them); None otherwise."""
+    if not all(_plain(layer) for layer in layers):
+        return None
+    merged: dict[str, Any] | None = {}
+    for layer in layers:
+        if merged is None:
+            return None
+        merged = _merge_plain(merged, layer)
+    return _copy_plain(merged)
+
+
 def _merge(*layers: dict[str, Any]) -> dict[str, Any]:
+    """The layers merged, interpolations resolved, as plain data. Plain layers are merged without importing omegaconf
+    (`_merged_plain`: the same result, tests/unit/test_schema.py compares them)."""
+    plain = _merged_plain(layers)
+    if plain is not None:
+        return plain
     from omegaconf import OmegaConf
     cfgs = [OmegaConf.create(layer) for layer in layers if layer]
     if not cfgs:
         return {}
-    merged = OmegaConf.merge(*cfgs)
-    return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
+    return OmegaConf.to_container(OmegaConf.merge(*cfgs), resolve=True)  # type: ignore[return-value]
 
 
 def _resolve(data: dict[str, Any], source: str) -> dict[str, Any]:

@@ -123,9 +123,11 @@ def agent_argv(python: str, run_dir: str, *, node_rank: int | None = None, watch
 
 
 class Agent:
-    def __init__(self, run_dir: Path, plan: LaunchPlan, rank: int, main_ip: str, grace: float = 5.0):
+    def __init__(self, run_dir: Path, plan: LaunchPlan, rank: int, main_ip: str, grace: float = 5.0,
+                 rendered: bool = False):
         self.rd = RunDir(run_dir)
         self.run_dir, self.plan, self.rank, self.main_ip, self.grace = run_dir, plan, rank, main_ip, grace
+        self.rendered = rendered  # the run dir's node configs were rendered from this plan as it is (core.render)
         self.proc: subprocess.Popen | None = None
         self.stopping = threading.Event()
         self.launch_done = threading.Event()  # set by wait() when the launch has exited
@@ -137,9 +139,14 @@ class Agent:
         self.relay: RankRelay | None = None  # node.ranklines.RankRelay: the ranks' output, tagged by rank (start_relay)
 
     def write_config(self) -> Path:
+        """This node's accelerate config with its rank and the main address bound. Where those are the plan's own
+        (a local or SSH job) the file the submitter rendered from this very plan is it already: kept as it is, without
+        the YAML writer's import (~10 ms of the start)."""
         from orchestrator.core.accelconf import accelerate_config_text
         node = self.plan.node(self.rank)
         cfg = dict(node.accelerate_config, machine_rank=self.rank, main_process_ip=self.main_ip)
+        if self.rendered and cfg == node.accelerate_config and self.rd.accelerate_config(self.rank).exists():
+            return self.rd.accelerate_config(self.rank)
         text = accelerate_config_text(cfg, self.plan.job_id, self.rank, self.plan.nodes)
         path = self.rd.accelerate_config(self.rank)
         if not path.exists() or path.read_text() != text:
@@ -707,13 +714,14 @@ def main(argv: list[str] | None = None) -> int:
             if args.probe is not None:
                 return 0  # the start was called off (another host failed its pre-flight)
             secrets = {}
-        plan = bind_port(RunDir(run_dir).read_plan(), dict(os.environ))
+        planned = RunDir(run_dir).read_plan()
+        plan = bind_port(planned, dict(os.environ))
         rank = bind_rank(args.node_rank, dict(os.environ), plan.nodes)
         main_ip = bind_main_ip(args.main_ip, plan.main_host, dict(os.environ))
     except (AgentError, OSError, ValueError, KeyError) as e:
         print(f"orchestrate node agent: {e}", file=sys.stderr)
         return 2
-    agent = Agent(run_dir, plan, rank, main_ip, grace=args.grace)
+    agent = Agent(run_dir, plan, rank, main_ip, grace=args.grace, rendered=plan is planned)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, lambda s, _f: agent.forward(s))
     # network, GPUs (docs/gpus.md), the GPUs' health and the container (SLURM: nothing checked this node before)

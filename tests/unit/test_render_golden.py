@@ -74,6 +74,25 @@ def test_rendered_configs_load_through_accelerate(tmp_path, name):
         assert str(loaded.distributed_type).split(".")[-1] == plan.distributed_type
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_agent_keeps_a_rendered_config_only_when_it_is_what_it_would_write(tmp_path, name):
+    """The node agent binds its rank and the main address into its accelerate config; where those are the plan's own
+    it keeps the submitter's rendering (no YAML writer on its start): only when that is byte for byte what it would
+    write."""
+    from orchestrator.core.accelconf import accelerate_config_text
+    from orchestrator.node.agent import Agent, bind_main_ip
+    plan, files = build(name)
+    for node in plan.node_plans:
+        path = tmp_path / "nodes" / str(node.node_rank) / "accelerate.yaml"
+        path.parent.mkdir(parents=True)
+        path.write_text(files[f"nodes/{node.node_rank}/accelerate.yaml"])
+        main_ip = bind_main_ip(None, plan.main_host, {"SLURM_JOB_NODELIST": "gpu[07-08]"})  # (SLURM: the first)
+        agent = Agent(tmp_path, plan, node.node_rank, main_ip, rendered=True)
+        want = accelerate_config_text(dict(node.accelerate_config, machine_rank=node.node_rank,
+                                           main_process_ip=main_ip), plan.job_id, node.node_rank, plan.nodes)
+        assert agent.write_config() == path and path.read_text() == want
+
+
 @pytest.mark.parametrize("profile", ["multi_gpu", "zero1", "zero2", "zero3", "fsdp1", "fsdp2"])
 def test_profile_blocks_match_trl(profile):
     import trl

@@ -116,6 +116,40 @@ def test_omegaconf_stays_lazy():
     assert out.stdout.strip() == "False", out.stderr
 
 
+MERGES = [  # (layers...): merged without omegaconf where plain (core.spec._merge), by it otherwise: the same result
+    ({"a": {"b": 1, "c": [1, {"d": 2}]}, "e": None}, {"a": {"b": 3}, "f": "x"}),
+    ({"a": {"b": 1}}, {"a": None}), ({"a": None}, {"a": {"b": 1}}), ({"a": {"b": 1}}, {"a": 5}),
+    ({"a": 5}, {"a": {"b": 1}}), ({"a": 5}, {"a": [1]}), ({"a": [1]}, {"a": 5}), ({"a": [1, 2]}, {"a": [3]}),
+    ({"a": [{"x": 1}]}, {"a": [{"y": 2}]}), ({"a": "???"},), ({"a": "${b}", "b": 3},), ({"a": {"b": "${c}"}, "c": 1},),
+    ({"a": 1.5, "b": True, "c": None, "d": "x", "e": [1, {"f": 2}]}, {}, {"g": {"h": {"i": 1}}}), ({1: 2},),
+    ({"launch": {"nodes": 1, "profile": "zero2"}, "run": {"script": "t.py", "args": ["--lr", 1e-4]}},
+     {"launch": {"nodes": 2}}, {"run": {"args": ["--x"]}, "trainer": {"max_steps": 3}}),
+]
+
+
+@pytest.mark.parametrize("layers", MERGES)
+def test_merge_is_omegaconfs(layers):
+    from omegaconf import OmegaConf
+    from orchestrator.core.spec import _merge
+    try:
+        want = OmegaConf.to_container(OmegaConf.merge(*[OmegaConf.create(x) for x in layers if x]), resolve=True)
+    except Exception as e:  # noqa: BLE001
+        with pytest.raises(type(e)):
+            _merge(*layers)
+        return
+    got = _merge(*layers)
+    assert got == want and type(got) is type(want)
+    assert all(got is not x for x in layers)
+
+
+@pytest.mark.parametrize("layers", [({"a": {"b": [1, {"c": "x"}]}}, {"a": {"d": 2.5}}), ({"a": 1}, {}, {"b": None})])
+def test_plain_merges_leave_omegaconf_unimported(layers):
+    code = ("import sys; from orchestrator.core.spec import _merge; "
+            f"print(_merge(*{layers!r}), 'omegaconf' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.stdout.strip().endswith("False"), out.stdout + out.stderr
+
+
 # ------------------------------------------------------------------------------ hosts
 @pytest.mark.parametrize("host", ["gpu01", "gpu01.lab.example", "gpu01.lab.example.", "127.0.0.2", "::1",
                                   "fe80::1%eth0", "2001:db8::7", "a-b", "x" * 63, "9front"])

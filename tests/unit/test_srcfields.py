@@ -150,3 +150,17 @@ def test_a_cold_submit_imports_no_training_stack(tmp_path, job, extra):
                           f"{key}=fast"], capture_output=True, text=True, cwd=REPO,
                          env={**env, "ORCHESTRATE_HOME": str(tmp_path / "home2")}, timeout=120)
     assert bad.returncode == 2 and key in bad.stderr and "must be a number" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("package", ["trl", "transformers", "accelerate", "PyYAML", "typing-extensions",
+                                     "no-such-package-here"])
+def test_the_version_read_from_dist_info_is_importlib_metadatas(package):
+    """The field cache is named by versions read from the `.dist-info` directories on sys.path (no importlib.metadata
+    on a submit): the same as importlib.metadata says."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        want: str | None = version(package)
+    except PackageNotFoundError:
+        want = None
+    trlfields._version.cache_clear()
+    assert trlfields._version(package) == want
