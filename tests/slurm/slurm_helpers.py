@@ -19,9 +19,8 @@ WORK = Path(os.environ.get("ORCHESTRATE_SLURM_WORK", "/tmp/orchestrate-slurm-wor
 PAYLOAD = Path(__file__).resolve().parent / "payload.py"
 NS_PREFIX = "osl-"  # the testbed's node namespaces: osl-node1, osl-node2, ... (scripts/slurm_cluster.sh, default --dir)
 NODES = 2  # what the tests' jobs use
-# What the testbed has: one more than NODES (the spare a bad-node test moves to), and 16 for issue #29's scale test
-# (test_slurm_scale.py). Idle slurmds cost little: 16 take ~84 MB and no CPU, and `up` ~1-2 s more than 3 (measured).
-CLUSTER_NODES = 16
+CLUSTER_NODES = NODES + 1  # what the testbed has: one more, the spare a bad-node test moves to
+SCALE_NODES = 16  # issue #29's scale test (test_slurm_scale.py) has the testbed at this size for its own run (resized)
 NEEDED = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "sbatch", "srun", "sacct", "nsenter", "ip")
 
 
@@ -89,6 +88,28 @@ def cluster_nodes(env: dict) -> int:
     r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], env=dict(env, SLURM_CONF=f"{CLUSTER_DIR}/etc/slurm.conf"),
                        capture_output=True, text=True, timeout=30)
     return len(set(r.stdout.split()))
+
+
+def resized(nodes: int):
+    """The running testbed brought down and up again with `nodes` nodes (generator, for a fixture; the suite runs one
+    test at a time): yields, then puts it back at CLUSTER_NODES, the size the other tests expect (their GPU map, the
+    spare). Costs ~15-20 s in all (down and up twice)."""
+    import pytest
+    env = dict(os.environ, ORCHESTRATE_SLURM_DIR=CLUSTER_DIR)
+
+    def size(n: int) -> None:
+        if cluster_nodes(env) == n:
+            return
+        subprocess.run([str(SCRIPT), "down"], env=env, capture_output=True, text=True, timeout=120)
+        r = subprocess.run([str(SCRIPT), "up", "--nodes", str(n)], env=env, capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode != 0:
+            pytest.fail(f"slurm_cluster.sh up --nodes {n} failed:\n{r.stdout}\n{r.stderr}")
+    size(nodes)
+    try:
+        yield nodes
+    finally:
+        size(CLUSTER_NODES)
 
 
 def cluster_session():

@@ -20,18 +20,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurm_helpers import CLUSTER_NODES, NS_PREFIX, REPO, cluster_nodes
+from slurm_helpers import NS_PREFIX, REPO, SCALE_NODES, cluster_nodes, resized
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scale_job import run_and_kill
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
-NODES, PPN = 16, 8
+NODES, PPN = SCALE_NODES, 8
 
 
-def test_16_slurm_nodes_x_8_emulated_ranks_one_killed_launcher_fails_the_job_and_stops_every_node(slurm_cluster,
-                                                                                                  tmp_path):
-    assert cluster_nodes(dict(os.environ)) >= NODES == CLUSTER_NODES
+@pytest.fixture
+def slurm_16(slurm_cluster):
+    yield from resized(NODES)
+
+
+def test_16_slurm_nodes_x_8_emulated_ranks_one_killed_launcher_fails_the_job_and_stops_every_node(slurm_16, tmp_path):
+    assert cluster_nodes(dict(os.environ)) == NODES
     c = yaml.safe_load((REPO / "cluster_configs" / "slurm_local.yaml").read_text())
     c["slurm"].update(python=sys.executable, workdir=str(tmp_path / "slurm-work"), max_restarts=0)
     cluster = tmp_path / "cluster.yaml"
