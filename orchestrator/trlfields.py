@@ -26,8 +26,6 @@ import enum
 import functools
 import json
 import os
-import re
-import sys
 import types
 import typing
 from pathlib import Path
@@ -135,20 +133,13 @@ def _write(path: Path, payload: dict[str, Any]) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _version(package: str) -> str | None:
-    """The installed version: the first `<name>-<version>.dist-info` on sys.path names it (pip names the directory by
-    the version it records inside), as importlib.metadata would find it; only without one (an egg-info install, no
-    such package) is importlib.metadata asked (importing it and parsing the metadata cost ~25 ms). Kept per process."""
-    want = re.sub(r"[-_.]+", "_", package).lower()
-    for entry in sys.path:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for name in names:
-            if name.endswith(".dist-info"):
-                dist, _, version = name[:-len(".dist-info")].rpartition("-")
-                if version and re.sub(r"[-_.]+", "_", dist).lower() == want:
-                    return version
+    """The installed version, read from its .dist-info on sys.path as the node side reads the stack's versions
+    (orchestrator.node.stagecache.versions: no importlib.metadata, whose imports and parsing cost ~25 ms); only
+    without one (an egg-info install, no such package) is importlib.metadata asked. Kept per process."""
+    from orchestrator.node.stagecache import versions
+    found = versions([package])[package]
+    if found:
+        return found
     from importlib.metadata import PackageNotFoundError, version as metadata_version
     try:
         return metadata_version(package)
