@@ -728,11 +728,12 @@ def _merged_plain(layers: tuple[dict[str, Any], ...]) -> dict[str, Any] | None:
     fresh copy, sharing nothing with them); None otherwise."""
     if not all(_plain(layer) for layer in layers):
         return None
-    merged: dict[str, Any] | None = {}
+    merged: dict[str, Any] = {}
     for layer in layers:
-        if merged is None:
+        step = _merge_plain(merged, layer)
+        if step is None:
             return None
-        merged = _merge_plain(merged, layer)
+        merged = step
     return _copy_plain(merged)
 
 
