@@ -760,8 +760,9 @@ def outcome_record(result: JobResult, by: str) -> dict[str, Any]:
 
 def record_end(store, rd: RunDir, job: str, result: JobResult, restarts: int, on_event=None) -> None:
     """Record how the job ended: RUN_DIR/outcome.json (each node's end), then the store. A full disk never turns the
-    end into something else: the store is retried for END_RETRY_S (said once), and when it still cannot take it the
-    StoreFullError says the real end; `status` records it later from outcome.json (or the agents' exit records)."""
+    end into something else: the store is retried for END_RETRY_S (said once; once it takes the end, an outcome.json
+    that could not be written is written then), and when it still cannot take it the StoreFullError says the real
+    end; `status` records it later from outcome.json (or the agents' exit records)."""
     from orchestrator.store import StoreFullError
     unwritten = rd.write_outcome(outcome_record(result, "supervisor"))
     fields = dict(detail=result.root_cause or None, exit_code=result.returncode, root_cause=result.root_cause or None,
@@ -770,14 +771,16 @@ def record_end(store, rd: RunDir, job: str, result: JobResult, restarts: int, on
         store.update(job, result.state, **fields)
         return
     except StoreFullError as e:
-        said = (f"job {job} ended {result.state} (exit {result.returncode}) but the job store cannot record it: "
+        said = (f"ended {result.state} (exit {result.returncode}) but the job store cannot record it: "
                 f"{e.one_line()}; trying again for {END_RETRY_S:.0f} s")
-        if on_event:
+        if on_event:  # (a note is shown as "job JOB: LINE")
             on_event("note", {"job_id": job, "line": said})
         else:
-            print(f"orchestrate: {said}", file=sys.stderr, flush=True)
+            print(f"orchestrate: job {job} {said}", file=sys.stderr, flush=True)
     try:
         store.update(job, result.state, retry_s=END_RETRY_S, **fields)
+        if unwritten is not None:  # there is space again: each node's end, which `status` shows, is kept too
+            rd.write_outcome(outcome_record(result, "supervisor"))
     except StoreFullError as e:
         later = ("`orchestrate status` records it from the run dir once there is space" if unwritten is None else
                  f"its outcome could not be written either ({unwritten})")

@@ -579,9 +579,9 @@ def small_tmpfs(mnt: Path, size: str):
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def fill(mnt: Path) -> Path:
+def fill(mnt: Path, name: str = "filler") -> Path:
     """Fill the filesystem to the last byte; returns the filler (unlink it to make room again)."""
-    filler = mnt / "filler"
+    filler = mnt / name
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         for chunk in (65536, 512):

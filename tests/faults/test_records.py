@@ -6,7 +6,10 @@
   cause says;
 - ORCHESTRATE_HOME filling up while the job runs (a small tmpfs, filled to the last byte once the ranks step): no node
   agent traces back, each node's exit record is there (room kept for it), the end recorded is the real one
-  (COMPLETED, exit 0, both nodes `done`), never "lost: agent gone without an exit record".
+  (COMPLETED, exit 0, both nodes `done`), never "lost: agent gone without an exit record";
+- the same with no room kept (the disk full to the last byte, the kept room taken too): each agent prints its exit
+  record as one `ORCHESTRATE_EXIT {json}` line of its output, which the supervisor reads; the store cannot take the end
+  either, the submit says so and keeps trying (END_RETRY_S), and once there is space again it records the real end.
 
 Mounting a tmpfs needs root: without it the full-disk test skips, except under CI=true, where that is a failure."""
 
@@ -23,7 +26,7 @@ import yaml
 from helpers import Submit, fill, small_tmpfs, wait_gone, wait_until
 from helpers import cli_status as _status
 from orchestrator.node.proctools import marked
-from orchestrator.node.rundir import RunDir
+from orchestrator.node.rundir import RESERVE, RunDir
 from orchestrator.store import JobStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,7 +68,9 @@ def small_home(tmp_path):
     yield from small_tmpfs(tmp_path / "fs", "16m")
 
 
-def test_a_full_orchestrate_home_mid_run_keeps_the_real_end(small_home, tmp_path, job_guard):
+def _stepping_on(small_home: Path, tmp_path: Path, job_guard):
+    """A 2-node job of 60 steps whose ORCHESTRATE_HOME is on the small tmpfs, once both nodes step: (the submit, its
+    job id, run dir, launch tokens, environment)."""
     home = small_home / "home"
     env = {"ORCHESTRATE_HOME": str(home)}
     job_guard.home(home)
@@ -74,6 +79,11 @@ def test_a_full_orchestrate_home_mid_run_keeps_the_real_end(small_home, tmp_path
     rd = RunDir(home / "runs" / job)
     wait_until(lambda: len(rd.agents()) == 2 and (rd.furthest_step() or 0) >= 3, 180, 0.1, "both nodes stepping")
     tokens = [job_guard.token(a.token) for a in rd.agents().values()]
+    return sub, job, rd, tokens, env
+
+
+def test_a_full_orchestrate_home_mid_run_keeps_the_real_end(small_home, tmp_path, job_guard):
+    sub, job, rd, tokens, env = _stepping_on(small_home, tmp_path, job_guard)
     filler = fill(small_home)
     full_at = rd.furthest_step()
     # the job goes on to its end; the submit tries to record it (the store may be full: it says so and tries again)
@@ -84,16 +94,43 @@ def test_a_full_orchestrate_home_mid_run_keeps_the_real_end(small_home, tmp_path
     filler.unlink()  # space again
     rc = sub.wait(120)
     print("\n".join(ln for ln in sub.text.splitlines() if "space" in ln or "orchestrate" in ln))
+    print(f"disk full at step {full_at}")
+    _ended_completed(sub, rc, job, env)
+    for r in (0, 1):  # the room kept for each exit record took it, however full the disk was
+        rec = rd.exit(r)
+        assert rec is not None and rec.returncode == 0 and not rec.stop_reason, (r, rec)
+
+
+def _ended_completed(sub: Submit, rc: int, job: str, env: dict) -> None:
+    """The job ran to its end with no traceback of ours, and `status` says COMPLETED with both nodes done."""
     # no traceback of ours (torchrun's own exit-barrier noise when its peer's store closes first is not ours)
     ours = [ln for ln in sub.text.splitlines() if "orchestrator/" in ln and 'File "' in ln]
     assert not ours, "\n".join(ours)
     assert rc == 0, sub.text[-3000:]
     assert "BEAT_LOOP_DONE" in sub.text, "the job did not run to its end"
-    for r in (0, 1):  # the room kept for each exit record took it, however full the disk was
-        rec = rd.exit(r)
-        assert rec is not None and rec.returncode == 0 and not rec.stop_reason, (r, rec)
     st, text = _status(job, env)
-    print(f"disk full at step {full_at}:\n{text}")
+    print(text)
     assert (st["state"], st["exit_code"]) == ("COMPLETED", 0), st
     assert [n["end"] for n in st["nodes"]] == ["done", "done"], st["nodes"]
     assert "lost" not in text and "without an exit record" not in text, text
+
+
+def test_with_no_room_left_the_agents_print_their_exit_records_and_the_store_is_retried(small_home, tmp_path,
+                                                                                         job_guard):
+    sub, job, rd, tokens, env = _stepping_on(small_home, tmp_path, job_guard)
+    fillers = [fill(small_home)]
+    for r in (0, 1):  # the room each agent kept for its exit record goes too, and is filled at once
+        (rd.node_dir(r) / RESERVE).unlink()
+    fillers.append(fill(small_home, "filler2"))
+    # the job runs to its end; the store cannot take it: the submit says so and tries again (END_RETRY_S, 60 s)
+    wait_until(lambda: "cannot record it" in sub.text or sub.proc.poll() is not None, 150, 0.2, "the store retry")
+    assert sub.proc.poll() is None, sub.text[-3000:]
+    wait_gone(lambda: [p for t in tokens for p in marked(t)], 60)
+    for f in fillers:
+        f.unlink()  # space again, within the retry
+    rc = sub.wait(90)
+    print("\n".join(ln for ln in sub.text.splitlines() if "record" in ln or "space" in ln))
+    _ended_completed(sub, rc, job, env)
+    assert sub.text.count("exit record could not be written") >= 2, sub.text[-3000:]  # each agent said so, once
+    assert "ORCHESTRATE_EXIT" not in sub.text, "the printed record is read, not shown as output"
+    assert all(rd.exit(r) is None for r in (0, 1))  # no file: the records reached the supervisor as lines
