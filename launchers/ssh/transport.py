@@ -19,10 +19,29 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-import paramiko
-
 from orchestrator.core.spec import SSHSpec
 from orchestrator.errors import SubmitCancelled
+
+
+def _import_paramiko():
+    """paramiko, without `invoke`: paramiko's ssh_config reader imports it (when installed, and paramiko >= 3.4
+    requires it) only for `Match exec` lines, and it costs ~50 ms of CPU (asyncio, unittest.mock) at every SSH
+    submit, status and cancel. Nothing here reads an ssh_config file, so its import is refused while paramiko loads
+    (paramiko.config keeps invoke = None, as when it is not installed); anything else may import it later."""
+    import sys
+    if "invoke" in sys.modules or "paramiko" in sys.modules:
+        import paramiko as module
+        return module
+    sys.modules["invoke"] = None  # type: ignore[assignment]  # (an ImportError for `import invoke`)
+    try:
+        import paramiko as module
+    finally:
+        if sys.modules.get("invoke", 0) is None:
+            del sys.modules["invoke"]
+    return module
+
+
+paramiko = _import_paramiko()
 
 # paramiko logs protocol oddities of a dying link ("Success for unrequested channel!") at ERROR: they reach nobody.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
