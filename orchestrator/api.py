@@ -623,6 +623,8 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
                     raise LeasesBusy([], result.root_cause.split("LeaseBusy: ", 1)[-1].splitlines()[0])
             except LeasesBusy as e:
                 if not wait:
+                    if e.kept is not None:  # (SSH: the hosts' waiting agents end now)
+                        e.kept.close()
                     why = f"not started: {e} (--no-wait)"
                     store.update(plan.job_id, JobState.CANCELLED, detail=why[:500], root_cause=why[:500],
                                  exit_code=e.exit_code, final=True)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class OrchestratorError(Exception):
@@ -77,12 +78,14 @@ class SubmitCancelled(OrchestratorError):
 class LeasesBusy(OrchestratorError):
     """A host or GPU the job needs is leased by another job (docs/CONTRACT.md "Leases"): the job waits (QUEUED), or
     with `submit --no-wait` exits 75 (EX_TEMPFAIL) with this one line. `busy`: what each busy host reported
-    ({"host", "lock", "what", "holder"})."""
+    ({"host", "lock", "what", "holder"}). `kept`: what the backend keeps open for the job's next look (SSH: each
+    host's waiting agent), its own business but for `kept.close()`, which a caller that will not look again calls."""
 
     exit_code = 75  # EX_TEMPFAIL (sysexits.h): the one value of orchestrator.core.leases.EXIT_BUSY
 
-    def __init__(self, busy: list[dict], text: str):
+    def __init__(self, busy: list[dict], text: str, kept: Any = None):
         self.busy = list(busy)
+        self.kept = kept
         super().__init__(text or "a host the job needs is leased")
 
 

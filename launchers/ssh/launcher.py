@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from orchestrator.core.jobplan import LaunchPlan
@@ -40,6 +40,36 @@ DEFAULT_SECRETS = ("HF_TOKEN", "WANDB_API_KEY")
 GRACE_S = 2.0  # the agents' own TERM -> KILL grace
 
 
+@dataclass
+class Waiting:
+    """A QUEUED job's look, kept until its next one: the connections, each host's agent (probing, its lease dropped,
+    waiting on its channel for {"retry": true}, the go, or EOF) and what staging made for it (docs/CONTRACT.md
+    "Leases"). The next look asks the same agents again instead of connecting, staging and starting them anew."""
+
+    job: str
+    pool: Any
+    sub: Submission
+    staged: dict[str, Any] | None
+    linked: dict[str, str]
+    results: dict[str, Any]  # host -> its last probe: {"probe", "chan", "wrapper_pid", "rest"}
+    launcher: "SSHLauncher"
+
+    def alive(self) -> bool:
+        return all(isinstance(r, dict) and not r["chan"].closed and not r["chan"].exit_status_ready()
+                   for r in self.results.values())
+
+    def close(self) -> None:
+        """Given up (cancelled, `--no-wait`, another job's look): every agent sees EOF and exits, having started
+        nothing; the connections close and nothing of the job is left on a host."""
+        with self.launcher._lock:
+            if self.launcher._waiting is self:
+                self.launcher._waiting = None
+        for r in self.results.values():
+            if isinstance(r, dict):
+                close_channel(r["chan"])
+        self.launcher._give_up(self.pool, None, self.linked)
+
+
 class SSHLauncher:
     kind = "ssh"
 
@@ -50,6 +80,8 @@ class SSHLauncher:
         if self.ssh is None:
             raise PreflightError(Problem("ssh", "cluster kind ssh needs an ssh: block"))
         self.grace_s = grace_s
+        self._waiting: Waiting | None = None  # a QUEUED job's kept look (preflight, LeasesBusy.kept)
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ pure
     def _workdir(self, host: str) -> str:
@@ -117,10 +149,14 @@ class SSHLauncher:
                         problems.append(Problem(str(local.path(rel)), "missing in the local run dir"))
         return problems
 
-    def preflight(self, sub: Submission, local: RunDir, pool: Any = None, sessions: dict[str, Any] | None = None):
+    def preflight(self, sub: Submission, local: RunDir, pool: Any = None, sessions: dict[str, Any] | None = None,
+                  kept: dict[str, dict[str, Any]] | None = None):
         """Connect to ALL hosts and start each one's agent in probe mode: it checks its host, reports, and waits.
         Any bad host: every agent is told to stand down (stdin EOF, nothing started anywhere) and PreflightError
-        names each bad host. Returns (pool, {host: {"probe", "chan", "wrapper_pid", "rest"}})."""
+        names each bad host. Returns (pool, {host: {"probe", "chan", "wrapper_pid", "rest"}}). Hosts leased by another
+        job (and none bad): every agent drops what it leased ({"release": true}) and waits on its open channel, and
+        LeasesBusy carries them (`kept`, what the next look of this job passes back: each agent is asked again with
+        {"retry": true}, no new connection, staging or agent; docs/CONTRACT.md "Leases")."""
         from launchers.ssh.transport import HostError
 
         problems = self._static_problems(sub, local)
@@ -136,12 +172,18 @@ class SSHLauncher:
             if conn is None or not conn.alive:
                 conn = pool.connect(host)
             initial = b""
-            if sessions and host in sessions:  # the host's staging session becomes its agent: one remote start
+            if kept and host in kept:  # the job's earlier look: its agent waits on this channel, its lease dropped
+                chan = chans[host] = kept[host]["chan"]
+                chan.sendall(b'{"retry": true}\n')
+                out = await_probe(chan, python, max(conn.timeout, 30.0))
+                out["wrapper_pid"] = out.get("wrapper_pid") or kept[host].get("wrapper_pid")
+            elif sessions and host in sessions:  # the host's staging session becomes its agent: one remote start
                 chan, initial = sessions.pop(host).exec(by_host[host].argv, WRAPPER_MARK)
                 chans[host] = chan
             else:
                 chan = chans[host] = conn.open(agent_shell(by_host[host].argv), combine_stderr=True)
-            out = await_probe(chan, python, max(conn.timeout, 30.0), initial)
+            if not (kept and host in kept):
+                out = await_probe(chan, python, max(conn.timeout, 30.0), initial)
             if out.get("why"):
                 raise HostError(host, out["why"])
             if out["probe"]["problems"]:
@@ -176,6 +218,14 @@ class SSHLauncher:
         if not problems and checks:
             problems.extend(container_problems(sub.extra["container"]["image"], checks))
         busy = [r["probe"]["busy"] for r in results.values() if isinstance(r, dict) and r["probe"].get("busy")]
+        if busy and not problems:  # QUEUED: every agent holds nothing and waits for the next look (or EOF)
+            for sent in pool.map(lambda h: chans[h].sendall(b'{"release": true}\n'), list(chans)).values():
+                if isinstance(sent, Exception):
+                    break
+            else:
+                for session in list((sessions or {}).values()):
+                    session.close()
+                raise LeasesBusy(busy, busy_error_text(busy), kept=results)
         if problems or busy:
             for chan in chans.values():
                 close_channel(chan)  # stdin EOF: every waiting agent exits without starting anything
@@ -188,6 +238,29 @@ class SSHLauncher:
         if checks:
             record_container(local, sub.extra["container"], checks)
         return pool, results
+
+    def _give_up(self, pool: Any, sessions: dict[str, Any] | None, linked: dict[str, str]) -> None:
+        """A start that will not happen: its sessions and connections closed (each waiting agent sees EOF and exits,
+        having started nothing) and nothing of the job left on a host."""
+        for session in list((sessions or {}).values()):  # a cancelled map's threads may still pop from it
+            session.close()
+        pool.close()
+        self.unstage(linked)
+
+    def _wait(self, waiting: "Waiting", cancel: threading.Event | None) -> None:
+        """Keep a QUEUED job's look for its next one (submit takes it); a cancel meanwhile gives it up."""
+        with self._lock:
+            self._waiting = waiting
+        if cancel is None:
+            return  # (nobody cancels it: the process's end closes the connections)
+
+        def watch() -> None:
+            while self._waiting is waiting:
+                if cancel.wait(1.0):
+                    if self._waiting is waiting:
+                        waiting.close()
+                    return
+        threading.Thread(target=watch, daemon=True, name="ssh-queued").start()
 
     def unstage(self, run_dirs: dict[str, str]) -> None:
         """Remove the job's run dir from each host where staging linked it ({host: remote run dir}; remote.UNSTAGE:
@@ -312,19 +385,38 @@ class SSHLauncher:
         if raised:
             logger.warning("%s", raised)
         t0 = time.time()
-        pool, staged, sessions = self.pool(), None, None
-        pool.cancel = cancel
+        with self._lock:  # this job's earlier look, if it found hosts leased (QUEUED): its agents wait to be asked
+            waiting, self._waiting = self._waiting, None
+        if waiting is not None and (waiting.job != sub.extra["job_id"] or not waiting.alive()):
+            waiting.close()
+            waiting = None
+        staged: dict[str, Any] | None = None
+        sessions: dict[str, Any] | None = None
         linked: dict[str, str] = {}  # hosts where staging linked the job's files into its run dir
+        if waiting is not None:
+            pool, sub, staged, linked = waiting.pool, waiting.sub, waiting.staged, waiting.linked
+        else:
+            pool = self.pool()
+        pool.cancel = cancel
         try:
-            if sub.extra.get("package") and not sub.extra["shared_fs"]:
+            if waiting is None and sub.extra.get("package") and not sub.extra["shared_fs"]:
                 sub, staged, sessions = self.stage(sub, local, pool, linked)
             # (every map of the pool checks `cancel` as it begins and ends, and while it waits)
-            pool, probes = self.preflight(sub, local, pool, sessions)
+            pool, probes = self.preflight(sub, local, pool, sessions, kept=waiting.results if waiting else None)
+        except LeasesBusy as e:
+            if e.kept is None:
+                self._give_up(pool, sessions, linked)
+                raise
+            e.kept = Waiting(sub.extra["job_id"], pool, sub, staged, linked, e.kept, self)  # (the api: close() when
+            self._wait(e.kept, cancel)                                                     # it does not wait)
+            raise
+        except PreflightError:
+            self._give_up(pool, sessions, linked)
+            if waiting is not None:  # a waiting agent went away meanwhile: look again from the start, once
+                return self.submit(submission, run_dir, cancel)
+            raise
         except BaseException:
-            for session in list((sessions or {}).values()):  # a cancelled map's threads may still pop from it
-                session.close()
-            pool.close()
-            self.unstage(linked)  # nothing of a job that did not start is left on a host
+            self._give_up(pool, sessions, linked)
             raise
         timeline = {"submitted": t0, "preflight_done": time.time()}  # connect + agents probing every host
         shared = sub.extra["shared_fs"]

@@ -631,9 +631,14 @@ def take_lease(request: dict):
     return take([Lock.from_list(x) for x in request["locks"]], who, str(request["host"]))
 
 
-def read_secrets_line() -> dict[str, str] | None:
+PROBE_WORDS = ("release", "retry")  # a probing agent's control lines: {"release": true}, {"retry": true}
+
+
+def read_secrets_line(words: bool = False) -> "dict[str, str] | str | None":
     """One JSON line from fd 0, read byte-wise so nothing after it is swallowed by a buffer; None on EOF before
-    a complete line (with --probe: the submitter called the start off)."""
+    a complete line (with --probe: the submitter called the start off). `words`: a control line of a probing agent
+    (`{"release": true}` or `{"retry": true}`, PROBE_WORDS; a bool value, so never a secrets line) is returned as
+    its word."""
     buf = bytearray()
     while not buf.endswith(b"\n"):
         b = os.read(0, 1)
@@ -644,6 +649,9 @@ def read_secrets_line() -> dict[str, str] | None:
     if not line.strip():
         return {}
     data = json.loads(line)
+    if words and isinstance(data, dict) and len(data) == 1 and next(iter(data)) in PROBE_WORDS \
+            and next(iter(data.values())) is True:
+        return next(iter(data))
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
         raise AgentError("--secrets-stdin expects one JSON object of string values")
     return data
@@ -679,23 +687,41 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()  # before anything can make this process an orphan
     os.umask(0o077)  # everything the agent and its launch create in the run dir is owner-only
     lease = None  # the host's / GPUs' lease (core.leases): held by this process until it ends
+    go: dict[str, str] | None = None  # the probe's go line (its secrets), read while it waited for it
     if args.probe is not None:
         from orchestrator.core.leases import EXIT_BUSY
         from orchestrator.node.probe import PROBE_MARK, probe_spec
         spec = json.loads(args.probe)
-        busy = None
-        if spec.get("lease"):
-            lease, busy = take_lease(spec["lease"])
-        # the lease first: a host that another job leases has its main port in use by that job, which is no problem
-        # of this host (it waits, QUEUED): the port is checked once this job holds the lease
-        res = probe_spec(dict(spec, port=0) if busy else spec)
-        if spec.get("lease"):
-            res["busy"] = busy
-        print(PROBE_MARK + json.dumps(res), flush=True)
-        if res["problems"]:
-            return 2
-        if lease is None and res.get("busy"):
-            return EXIT_BUSY
+        while True:
+            busy = None
+            if spec.get("lease") and lease is None:
+                lease, busy = take_lease(spec["lease"])
+            # the lease first: a host that another job leases has its main port in use by that job, which is no
+            # problem of this host (it waits, QUEUED): the port is checked once this job holds the lease
+            res = probe_spec(dict(spec, port=0) if busy else spec)
+            if spec.get("lease"):
+                res["busy"] = busy
+            print(PROBE_MARK + json.dumps(res), flush=True)
+            if res["problems"]:
+                return 2
+            # The submitter's word: the go (its secrets), or, while the job is QUEUED (this host or another one
+            # leased by another job), {"release": true} (hold nothing while waiting) and later {"retry": true} (take
+            # the lease and answer again), over this same connection: no new session per look.
+            try:
+                while (word := read_secrets_line(words=True)) == "release":
+                    if lease is not None:
+                        lease.release()
+                        lease = None
+            except (AgentError, ValueError) as e:
+                print(f"orchestrate node agent: {e}", file=sys.stderr)
+                return 2
+            if word == "retry":
+                continue
+            if word is None:  # EOF: the start was called off (another host failed or the job is not waiting)
+                return EXIT_BUSY if lease is None and res.get("busy") else 0
+            assert isinstance(word, dict)
+            go = word
+            break
     run_dir = Path(args.run_dir).expanduser().resolve()
     if args.kill:
         from orchestrator.node.ops import kill_node
@@ -709,11 +735,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row, sort_keys=True), flush=True)
         return 0
     try:
-        secrets = read_secrets_line() if args.secrets_stdin or args.probe is not None else {}
-        if secrets is None:
-            if args.probe is not None:
-                return 0  # the start was called off (another host failed its pre-flight)
-            secrets = {}
+        line = go if go is not None else read_secrets_line() if args.secrets_stdin else None
+        secrets = line if isinstance(line, dict) else {}  # (EOF before a line: none)
         planned = RunDir(run_dir).read_plan()
         plan = bind_port(planned, dict(os.environ))
         rank = bind_rank(args.node_rank, dict(os.environ), plan.nodes)

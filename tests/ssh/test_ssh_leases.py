@@ -185,3 +185,31 @@ def test_a_job_waiting_for_the_holders_main_host_and_port_is_queued_not_refused(
     holder.send_signal(signal.SIGINT)
     holder.communicate(timeout=60)
     assert holder.returncode == 130
+
+
+def test_a_queued_job_keeps_its_agents_and_starts_when_the_holder_ends(testbed, tmp_path, job_guard):
+    """One store, the same hosts: the waiting job's agents, started for its first look, wait on their open channels
+    with their leases dropped, and are asked again when the holder ends (no new connection, staging or agent: they
+    started before the holder ended), and the waiter's launch follows the holder's end within seconds."""
+    a, b = testbed.hosts[:2]
+    home = job_guard.home(tmp_path / "home")
+    cluster = _cluster(testbed, tmp_path, "pool", [a, b])
+    holder = _spawn_submit(job_guard, home, _looping(tmp_path), cluster)
+    job_a, _ = read_looping_ranks(holder, 2)
+    job_guard.run_dir(*(remote_run_dir(testbed, h, job_a) for h in (a, b)))
+    waiter = _spawn_submit(job_guard, home, _short_job(tmp_path, 1), cluster)
+    lines = read_until(waiter, "QUEUED")
+    job_b = _job_id("".join(lines))
+    job_guard.run_dir(*(remote_run_dir(testbed, h, job_b) for h in (a, b)))
+    assert any(f"is leased by job {job_a}" in ln for ln in lines), "".join(lines)
+    holder.send_signal(signal.SIGINT)
+    holder.communicate(timeout=60)
+    out = "".join(lines) + waiter.communicate(timeout=120)[0]
+    assert waiter.returncode == 0 and "COMPLETED" in out, out[-3000:]
+    ended = max(_interval(remote_run_dir(testbed, h, job_a), r)[1] for r, h in enumerate((a, b)))
+    agents = [json.loads((remote_run_dir(testbed, h, job_b) / "nodes" / str(r) / "agent.json").read_text())
+              for r, h in enumerate((a, b))]
+    assert all(ag["agent_proc_start"] < ended for ag in agents), (ended, agents)  # its first look's agents
+    gap = min(float(ag["started"]) for ag in agents) - ended
+    print(f"the holder's last node ended -> the waiter's first launch: {gap:.2f} s")
+    assert gap < 8, gap
