@@ -368,25 +368,81 @@ def _stop_early(doc: dict[str, Any], index: int, why: str, proc: subprocess.Pope
         pass
 
 
-def _losses(run_dir: str) -> tuple[float | None, float | None, int | None]:
-    """(final loss, best loss, last step) of rank 0's heartbeats."""
-    final = best = step = None
-    try:
-        lines = Path(run_dir, "heartbeats", "rank0.jsonl").read_text(errors="replace").splitlines()
-    except OSError:
-        return None, None, None
-    for line in lines:
+class LossSummaries:
+    """Each point's (final loss, best loss, last step) of rank 0's heartbeats, kept in ORCHESTRATE_HOME/sweeps/<sweep
+    id>.losses.json with the byte offset they were read up to (a cache: any reader may rewrite it, losing it only
+    costs a re-read). A heartbeat file only grows, so `orchestrate sweep` reads each point's rank 0 file once and then
+    only what was appended since: a point that ended is not read again, a running one costs its new steps, never the
+    whole run (nor any other rank's file)."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, sweep_id: str):
+        self.path = sweeps_dir() / f"{sweep_id}.losses.json"
         try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        loss = rec.get("loss")
-        if isinstance(rec.get("step"), int) and rec.get("event") in ("step", "save_start", "end"):
-            step = max(step or 0, rec["step"])
-        if isinstance(loss, (int, float)) and math.isfinite(loss):
-            final = float(loss)
-            best = final if best is None else min(best, final)
-    return final, best, step
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        self.points: dict[str, dict[str, Any]] = data if isinstance(data, dict) else {}
+        self.changed = False
+
+    def of(self, job_id: str, run_dir: str) -> tuple[float | None, float | None, int | None]:
+        path = Path(run_dir, "heartbeats", "rank0.jsonl")
+        try:
+            st = path.stat()
+        except OSError:
+            return None, None, None
+        old = self.points.get(job_id)
+        if not (isinstance(old, dict) and old.get("run_dir") == run_dir and old.get("ino") == st.st_ino
+                and isinstance(old.get("offset"), int) and old["offset"] <= st.st_size):
+            old = {"run_dir": run_dir, "ino": st.st_ino, "offset": 0, "final": None, "best": None, "step": None}
+        cur = dict(old)
+        if cur["offset"] < st.st_size:
+            try:
+                self._scan(path, cur)
+            except OSError:
+                return old["final"], old["best"], old["step"]
+        if cur != self.points.get(job_id):
+            self.points[job_id] = cur
+            self.changed = True
+        return cur["final"], cur["best"], cur["step"]
+
+    def _scan(self, path: Path, cur: dict[str, Any]) -> None:
+        """Fold the complete lines after cur["offset"] into cur, a chunk at a time (memory bounded by CHUNK)."""
+        with open(path, "rb") as f:
+            f.seek(cur["offset"])
+            rest = b""
+            while data := f.read(self.CHUNK):
+                data = rest + data
+                cut = data.rfind(b"\n") + 1
+                rest = data[cut:]
+                for line in data[:cut].splitlines():
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue
+                    if not isinstance(rec, dict):
+                        continue
+                    loss = rec.get("loss")
+                    if isinstance(rec.get("step"), int) and rec.get("event") in ("step", "save_start", "end"):
+                        cur["step"] = max(cur["step"] or 0, rec["step"])
+                    if isinstance(loss, (int, float)) and math.isfinite(loss):
+                        cur["final"] = float(loss)
+                        cur["best"] = cur["final"] if cur["best"] is None else min(cur["best"], cur["final"])
+                cur["offset"] += cut
+        # (an unfinished last line is read again next time, whole)
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        from orchestrator.store import private_dir
+        try:
+            d = private_dir(self.path.parent)
+            tmp = d / f".{self.path.name}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(self.points, sort_keys=True) + "\n")
+            os.replace(tmp, self.path)
+        except OSError:  # (a read-only home: the next call reads again)
+            pass
 
 
 def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -396,6 +452,7 @@ def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     from orchestrator.types import is_terminal
     store = JobStore()
     rows = []
+    summaries = LossSummaries(doc["id"])
     for pt in doc.get("points") or []:
         rec = store.get(pt["job_id"])
         if rec is not None and not is_terminal(rec.state) and doc.get("backend") == "slurm":
@@ -405,11 +462,12 @@ def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 pass
         final = best = step = None
         if rec is not None:
-            final, best, step = _losses(rec.run_dir)
+            final, best, step = summaries.of(pt["job_id"], rec.run_dir)
         rows.append({"point": f"p{pt['index']}", "overrides": pt["overrides"], "job": pt["job_id"],
                      "state": rec.state if rec else "NOT STARTED", "step": step, "final_loss": final,
                      "best_loss": best, "root_cause": (rec.root_cause if rec else None),
                      "stopped_early": pt.get("stopped_early"), "not_started": pt.get("not_started")})
+    summaries.save()
     return sorted(rows, key=lambda r: (r["final_loss"] is None, r["final_loss"] or 0.0, r["point"]))
 
 
