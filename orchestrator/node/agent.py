@@ -28,8 +28,7 @@ from orchestrator.core.hostlist import first_host
 from orchestrator.core.jobplan import AGENT_ENV, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan, job_port
 from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_marked, marked, marked_ranks,
                                          process_start_time, ranks_of, signal_group, signal_pids)
-from orchestrator.node.emulate import EMULATE_VAR, emulator_argv
-from orchestrator.node.emulate import parse as parse_emulate
+from orchestrator.node.emulate import EMULATE_VAR, Emulation
 from orchestrator.node.ranklines import RankRelay
 from orchestrator.node.rundir import EXIT_MARK, AgentRecord, ExitRecord, RunDir, write_error
 
@@ -124,8 +123,9 @@ def agent_argv(python: str, run_dir: str, *, node_rank: int | None = None, watch
 
 class Agent:
     def __init__(self, run_dir: Path, plan: LaunchPlan, rank: int, main_ip: str, grace: float = 5.0,
-                 rendered: bool = False):
+                 rendered: bool = False, emulation: Emulation | None = None):
         self.rd = RunDir(run_dir)
+        self.emulation = emulation  # orchestrator.node.emulate: run emulated ranks instead of the plan's launch
         self.run_dir, self.plan, self.rank, self.main_ip, self.grace = run_dir, plan, rank, main_ip, grace
         self.rendered = rendered  # the run dir's node configs were rendered from this plan as it is (core.render)
         self.proc: subprocess.Popen | None = None
@@ -340,9 +340,8 @@ class Agent:
         for g in self.plan.node(self.rank).ranks:  # an earlier attempt's exit records never speak for this one
             (self.rd.heartbeats / f"rank{g}.exit").unlink(missing_ok=True)
         argv = self.rd.bind(self.plan.node(self.rank).command)
-        emulate = os.environ.get(EMULATE_VAR)
-        if emulate:  # scale tests and benchmarks: one cheap process for this node's ranks (orchestrator.node.emulate)
-            argv = emulator_argv(emulate, self.plan.node(self.rank).ranks)  # (checked in main)
+        if self.emulation is not None:  # scale tests and benchmarks: one cheap process for this node's ranks
+            argv = self.emulation.argv(self.plan.node(self.rank).ranks)
         recipe = self.rd.path(RunDir.RECIPE)
         if recipe.exists() and RUN_DIR_VAR in (text := recipe.read_text()):  # staged paths (docs/staging.md)
             self.rd.write_text(RunDir.RECIPE, text.replace(RUN_DIR_VAR, str(self.run_dir)))
@@ -608,15 +607,6 @@ def _child_setup() -> None:
         pass
 
 
-def emulate_problem() -> str | None:
-    """A malformed ORCHESTRATE_EMULATE, said before anything starts."""
-    try:
-        parse_emulate(os.environ.get(EMULATE_VAR) or "")
-    except ValueError as e:
-        return str(e)
-    return None
-
-
 def take_lease(request: dict):
     """Take this node's lease (core.leases.lease_request's JSON) at once: (Held, None) — keep it for the life of this
     process — or (None, the busy lock with its holder)."""
@@ -669,13 +659,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forward-heartbeats", action="store_true",
                     help="print the ranks' heartbeats on stdout as ORCHESTRATE_HB lines")
     ap.add_argument(EMULATE_FLAG, metavar="SPEC", default=None,
-                    help=f"benchmarks and tests only: set {EMULATE_VAR} (emulated ranks, orchestrator.node.emulate)")
+                    help=f"benchmarks and tests only: as {EMULATE_VAR}=SPEC (orchestrator.node.emulate)")
     ap.add_argument("--probe", metavar="JSON", default=None,
                     help='pre-flight first ({"workdir", "port", "check"}, see orchestrator.node.probe): print '
                          "the result, then start only when a line arrives on stdin (EOF: exit, nothing started)")
     args = ap.parse_args(argv)
-    if args.emulate:
-        os.environ[EMULATE_VAR] = args.emulate
+    # --emulate / ORCHESTRATE_EMULATE, parsed once: the one value says whether this node is emulated and what it
+    # runs; a bad spec is refused with the node's other checks, before anything starts
+    try:
+        emulation, bad_emulation = Emulation.of(args.emulate or os.environ.get(EMULATE_VAR)), ""
+    except ValueError as e:
+        emulation, bad_emulation = None, str(e)
     parent = os.getppid()  # before anything can make this process an orphan
     os.umask(0o077)  # everything the agent and its launch create in the run dir is owner-only
     lease = None  # the host's / GPUs' lease (core.leases): held by this process until it ends
@@ -721,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
     except (AgentError, OSError, ValueError, KeyError) as e:
         print(f"orchestrate node agent: {e}", file=sys.stderr)
         return 2
-    agent = Agent(run_dir, plan, rank, main_ip, grace=args.grace, rendered=plan is planned)
+    agent = Agent(run_dir, plan, rank, main_ip, grace=args.grace, rendered=plan is planned, emulation=emulation)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, lambda s, _f: agent.forward(s))
     # network, GPUs (docs/gpus.md), the GPUs' health and the container (SLURM: nothing checked this node before)
@@ -732,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
             lease, busy = take_lease(request)
             if lease is None:
                 return agent.refuse(busy_text(busy or {}), EXIT_BUSY, "LeaseBusy")
-    problem = agent.node_checks() or agent.gpu_health_check() or agent.container_check() or emulate_problem()
+    problem = agent.node_checks() or agent.gpu_health_check() or agent.container_check() or bad_emulation
     if problem:
         return agent.refuse(problem)
     try:
@@ -745,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
         return 143
     # Emulated ranks (orchestrator.node.emulate): one process, no rank of its own to watch (RankWatch would scan /proc
     # for ranks that never come) and no rendezvous port to reach; its death is the launch's, which wait() sees.
-    emulated = bool(os.environ.get(EMULATE_VAR))
+    emulated = emulation is not None
     if not emulated:
         agent.watch_ranks()
     if args.watch_stdin:
