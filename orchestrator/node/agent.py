@@ -32,7 +32,6 @@ from orchestrator.node.emulate import EMULATE_VAR, Emulation
 from orchestrator.node.ranklines import RankRelay
 from orchestrator.node.rundir import EXIT_MARK, AgentRecord, ExitRecord, RunDir, write_error
 
-DEFER_HANG_S = 3.0  # see Agent.monitor
 MODULE = "orchestrator.node"  # `python -m orchestrator.node RUN_DIR ...` runs `main` below
 HOOKS_DIR = Path(__file__).resolve().parent / "hooks"  # zero-code health hooks for the ranks (sitecustomize)
 EARLIER_CONTAINER_GRACE = 30.0  # seconds an earlier attempt's container gets to end (Agent.end_earlier_container)
@@ -501,39 +500,31 @@ class Agent:
         self._hb_thread.start()
 
     def monitor(self) -> None:
-        """Health monitoring inside the allocation (SLURM: the submitting terminal may be gone). Every agent reads
-        the shared heartbeats; on a hang it notes which of ITS ranks are stopped, keeps their stacks, and stops
-        its launch with exit code 124; `srun --kill-on-bad-exit` then ends every node."""
-        from orchestrator.core.health import HealthMonitor
+        """Health monitoring inside the allocation (SLURM: the submitting terminal may be gone), judged per node from
+        its own ranks' heartbeats (orchestrator.node.hangwatch: what a poll reads, and when a node names a hang). On a
+        hang it keeps the stacks of ITS ranks (the stopped ones first) and stops its launch with exit code 124;
+        `srun --kill-on-bad-exit` then ends every node."""
+        from orchestrator.node.hangwatch import HangWatch
         from orchestrator.node.proctools import state
         health = self.plan.health
-        mon = HealthMonitor(health, self.plan.world_size, started=time.time())
-        tail = self.hb_tail(None)
+        watch = HangWatch(self.rd, self.plan, self.rank, started=time.time())
         every = float(health.poll_interval)
 
         def run() -> None:
-            first_seen = None
             while self.proc is not None and self.proc.poll() is None and not self.stopping.is_set():
                 now = time.time()
-                for rec in tail.read():
-                    mon.feed(rec, now)
-                stalls = mon.stalls(now)
+                stalls = watch.poll(now)
                 if stalls:
                     mine = marked_ranks(self.token)
                     stopped = {g: pid for g, pid in mine.items() if state(pid) == "T"}
-                    # Only the node that holds a stopped rank can name it: a node whose own ranks all run leaves it
-                    # a few seconds to do so (its verdict ends the job: srun --kill-on-bad-exit) before judging.
-                    first_seen = first_seen or now
-                    if not stopped and now - first_seen < DEFER_HANG_S + 2 * every:
-                        time.sleep(every)
-                        continue
-                    text = mon.culprit(stalls, stopped, now)
-                    if health.stack_dumps and mine:
-                        from orchestrator.node.ops import keep_stacks
-                        keep_stacks(self.rd, mine, set(stopped))
-                    self.hang = text
-                    self.stop("hang: " + text)
-                    return
+                    text = watch.verdict(stalls, stopped, now, every)
+                    if text is not None:
+                        if health.stack_dumps and mine:
+                            from orchestrator.node.ops import keep_stacks
+                            keep_stacks(self.rd, mine, set(stopped))
+                        self.hang = text
+                        self.stop("hang: " + text)
+                        return
                 time.sleep(every)
         threading.Thread(target=run, daemon=True).start()
 
