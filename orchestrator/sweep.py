@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from orchestrator.core.sweep import Point, check_parallel, expand, point_job_id
 from orchestrator.detach import live_sweep_runner
@@ -297,6 +297,27 @@ def _settle(job_id: str, cancelled: bool, sweep_id: str) -> None:
     JobStore().update(job_id, "CANCELLED", detail=why, root_cause=why, exit_code=130, final=True)
 
 
+def appended(path: Path, offset: int, chunk: int = 1 << 20) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The records of a heartbeat file's complete lines after byte `offset`, each with the offset just past its line
+    (where a next read starts), read a chunk at a time (an unfinished last line waits for the next read, whole).
+    OSError when the file cannot be read."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        rest = b""
+        while data := f.read(chunk):
+            data, start = rest + data, 0
+            while (nl := data.find(b"\n", start)) >= 0:
+                line, start = data[start:nl], nl + 1
+                offset += len(line) + 1
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    yield offset, rec
+            rest = data[start:]
+
+
 class Curves:
     """Rank 0's loss per step of every point, read incrementally from its heartbeats (its run dir's, as planned)."""
 
@@ -307,20 +328,12 @@ class Curves:
     def read(self, index: int, run_dir: str) -> dict[int, float]:
         curve = self.loss.setdefault(index, {})
         try:
-            with open(Path(run_dir, "heartbeats", "rank0.jsonl"), "rb") as fh:
-                fh.seek(self.offsets.get(index, 0))
-                data = fh.read()
+            for end, rec in appended(Path(run_dir, "heartbeats", "rank0.jsonl"), self.offsets.get(index, 0)):
+                self.offsets[index] = end
+                if isinstance(rec.get("loss"), (int, float)) and isinstance(rec.get("step"), int):
+                    curve[rec["step"]] = float(rec["loss"])
         except OSError:
-            return curve
-        cut = data.rfind(b"\n") + 1
-        self.offsets[index] = self.offsets.get(index, 0) + cut
-        for line in data[:cut].decode(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec.get("loss"), (int, float)) and isinstance(rec.get("step"), int):
-                curve[rec["step"]] = float(rec["loss"])
+            pass
         return curve
 
     def judge(self, doc: dict[str, Any], running: set[int], factor: float) -> dict[int, str]:
@@ -375,8 +388,6 @@ class LossSummaries:
     only what was appended since: a point that ended is not read again, a running one costs its new steps, never the
     whole run (nor any other rank's file)."""
 
-    CHUNK = 1 << 20
-
     def __init__(self, sweep_id: str):
         self.path = sweeps_dir() / f"{sweep_id}.losses.json"
         try:
@@ -397,40 +408,21 @@ class LossSummaries:
                 and isinstance(old.get("offset"), int) and old["offset"] <= st.st_size):
             old = {"run_dir": run_dir, "ino": st.st_ino, "offset": 0, "final": None, "best": None, "step": None}
         cur = dict(old)
-        if cur["offset"] < st.st_size:
-            try:
-                self._scan(path, cur)
-            except OSError:
-                return old["final"], old["best"], old["step"]
+        try:
+            for end, rec in appended(path, cur["offset"]) if cur["offset"] < st.st_size else ():
+                cur["offset"] = end
+                loss = rec.get("loss")
+                if isinstance(rec.get("step"), int) and rec.get("event") in ("step", "save_start", "end"):
+                    cur["step"] = max(cur["step"] or 0, rec["step"])
+                if isinstance(loss, (int, float)) and math.isfinite(loss):
+                    cur["final"] = float(loss)
+                    cur["best"] = cur["final"] if cur["best"] is None else min(cur["best"], cur["final"])
+        except OSError:
+            return old["final"], old["best"], old["step"]
         if cur != self.points.get(job_id):
             self.points[job_id] = cur
             self.changed = True
         return cur["final"], cur["best"], cur["step"]
-
-    def _scan(self, path: Path, cur: dict[str, Any]) -> None:
-        """Fold the complete lines after cur["offset"] into cur, a chunk at a time (memory bounded by CHUNK)."""
-        with open(path, "rb") as f:
-            f.seek(cur["offset"])
-            rest = b""
-            while data := f.read(self.CHUNK):
-                data = rest + data
-                cut = data.rfind(b"\n") + 1
-                rest = data[cut:]
-                for line in data[:cut].splitlines():
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue
-                    if not isinstance(rec, dict):
-                        continue
-                    loss = rec.get("loss")
-                    if isinstance(rec.get("step"), int) and rec.get("event") in ("step", "save_start", "end"):
-                        cur["step"] = max(cur["step"] or 0, rec["step"])
-                    if isinstance(loss, (int, float)) and math.isfinite(loss):
-                        cur["final"] = float(loss)
-                        cur["best"] = cur["final"] if cur["best"] is None else min(cur["best"], cur["final"])
-                cur["offset"] += cut
-        # (an unfinished last line is read again next time, whole)
 
     def save(self) -> None:
         if not self.changed:
