@@ -305,9 +305,9 @@ def appended(path: Path, offset: int, chunk: int = 1 << 20) -> Iterator[tuple[in
         f.seek(offset)
         rest = b""
         while data := f.read(chunk):
-            data, start = rest + data, 0
-            while (nl := data.find(b"\n", start)) >= 0:
-                line, start = data[start:nl], nl + 1
+            data = rest + data
+            cut = data.rfind(b"\n") + 1
+            for line in data[:cut].split(b"\n")[:-1]:
                 offset += len(line) + 1
                 try:
                     rec = json.loads(line)
@@ -315,7 +315,7 @@ def appended(path: Path, offset: int, chunk: int = 1 << 20) -> Iterator[tuple[in
                     continue
                 if isinstance(rec, dict):
                     yield offset, rec
-            rest = data[start:]
+            rest = data[cut:]
 
 
 class Curves:
