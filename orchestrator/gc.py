@@ -336,8 +336,9 @@ def _sweeps(report: Report, dry_run: bool) -> Report:
 
 def sweep_items(remaining: set[str]) -> list[Freed]:
     """What is left of the sweeps none of whose points is in the store any more (`remaining`: the job ids kept) and
-    whose runner is gone: the record (ORCHESTRATE_HOME/sweeps/<id>.json), a detached runner's log, the plot, and a
-    SLURM sweep's array folder (<slurm.workdir>/sweeps/<id>: its script, SLURM's and submitit's files)."""
+    whose runner is gone: the record (ORCHESTRATE_HOME/sweeps/<id>.json), a detached runner's log, the plot, the loss
+    summary (sweep.LossSummaries), and a SLURM sweep's array folder (<slurm.workdir>/sweeps/<id>: its script, SLURM's
+    and submitit's files)."""
     from orchestrator.detach import live_sweep_runner
     from orchestrator.store import sweeps_dir
     out: list[Freed] = []
@@ -350,7 +351,7 @@ def sweep_items(remaining: set[str]) -> list[Freed]:
             continue
         sid = doc["id"]
         out.append(Freed(sid, "local", "sweep record", str(path), path.stat().st_size))
-        for suffix, what in ((".log", "sweep log"), (".png", "sweep plot")):
+        for suffix, what in ((".log", "sweep log"), (".png", "sweep plot"), (".losses.json", "sweep loss summary")):
             extra = path.with_suffix(suffix)
             if extra.is_file():
                 out.append(Freed(sid, "local", what, str(extra), extra.stat().st_size))

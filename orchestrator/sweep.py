@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from orchestrator.core.sweep import Point, check_parallel, expand, point_job_id
 from orchestrator.detach import live_sweep_runner
@@ -297,6 +297,27 @@ def _settle(job_id: str, cancelled: bool, sweep_id: str) -> None:
     JobStore().update(job_id, "CANCELLED", detail=why, root_cause=why, exit_code=130, final=True)
 
 
+def appended(path: Path, offset: int, chunk: int = 1 << 20) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The records of a heartbeat file's complete lines after byte `offset`, each with the offset just past its line
+    (where a next read starts), read a chunk at a time (an unfinished last line waits for the next read, whole).
+    OSError when the file cannot be read."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        rest = b""
+        while data := f.read(chunk):
+            data = rest + data
+            cut = data.rfind(b"\n") + 1
+            for line in data[:cut].split(b"\n")[:-1]:
+                offset += len(line) + 1
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    yield offset, rec
+            rest = data[cut:]
+
+
 class Curves:
     """Rank 0's loss per step of every point, read incrementally from its heartbeats (its run dir's, as planned)."""
 
@@ -307,20 +328,12 @@ class Curves:
     def read(self, index: int, run_dir: str) -> dict[int, float]:
         curve = self.loss.setdefault(index, {})
         try:
-            with open(Path(run_dir, "heartbeats", "rank0.jsonl"), "rb") as fh:
-                fh.seek(self.offsets.get(index, 0))
-                data = fh.read()
+            for end, rec in appended(Path(run_dir, "heartbeats", "rank0.jsonl"), self.offsets.get(index, 0)):
+                self.offsets[index] = end
+                if isinstance(rec.get("loss"), (int, float)) and isinstance(rec.get("step"), int):
+                    curve[rec["step"]] = float(rec["loss"])
         except OSError:
-            return curve
-        cut = data.rfind(b"\n") + 1
-        self.offsets[index] = self.offsets.get(index, 0) + cut
-        for line in data[:cut].decode(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec.get("loss"), (int, float)) and isinstance(rec.get("step"), int):
-                curve[rec["step"]] = float(rec["loss"])
+            pass
         return curve
 
     def judge(self, doc: dict[str, Any], running: set[int], factor: float) -> dict[int, str]:
@@ -368,25 +381,60 @@ def _stop_early(doc: dict[str, Any], index: int, why: str, proc: subprocess.Pope
         pass
 
 
-def _losses(run_dir: str) -> tuple[float | None, float | None, int | None]:
-    """(final loss, best loss, last step) of rank 0's heartbeats."""
-    final = best = step = None
-    try:
-        lines = Path(run_dir, "heartbeats", "rank0.jsonl").read_text(errors="replace").splitlines()
-    except OSError:
-        return None, None, None
-    for line in lines:
+class LossSummaries:
+    """Each point's (final loss, best loss, last step) of rank 0's heartbeats, kept in ORCHESTRATE_HOME/sweeps/<sweep
+    id>.losses.json with the byte offset they were read up to (a cache: any reader may rewrite it, losing it only
+    costs a re-read). A heartbeat file only grows, so `orchestrate sweep` reads each point's rank 0 file once and then
+    only what was appended since: a point that ended is not read again, a running one costs its new steps, never the
+    whole run (nor any other rank's file)."""
+
+    def __init__(self, sweep_id: str):
+        self.path = sweeps_dir() / f"{sweep_id}.losses.json"
         try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        loss = rec.get("loss")
-        if isinstance(rec.get("step"), int) and rec.get("event") in ("step", "save_start", "end"):
-            step = max(step or 0, rec["step"])
-        if isinstance(loss, (int, float)) and math.isfinite(loss):
-            final = float(loss)
-            best = final if best is None else min(best, final)
-    return final, best, step
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        self.points: dict[str, dict[str, Any]] = data if isinstance(data, dict) else {}
+        self.changed = False
+
+    def of(self, job_id: str, run_dir: str) -> tuple[float | None, float | None, int | None]:
+        path = Path(run_dir, "heartbeats", "rank0.jsonl")
+        try:
+            st = path.stat()
+        except OSError:
+            return None, None, None
+        old = self.points.get(job_id)
+        if not (isinstance(old, dict) and old.get("run_dir") == run_dir and old.get("ino") == st.st_ino
+                and isinstance(old.get("offset"), int) and old["offset"] <= st.st_size):
+            old = {"run_dir": run_dir, "ino": st.st_ino, "offset": 0, "final": None, "best": None, "step": None}
+        cur = dict(old)
+        try:
+            for end, rec in appended(path, cur["offset"]) if cur["offset"] < st.st_size else ():
+                cur["offset"] = end
+                loss = rec.get("loss")
+                if isinstance(rec.get("step"), int) and rec.get("event") in ("step", "save_start", "end"):
+                    cur["step"] = max(cur["step"] or 0, rec["step"])
+                if isinstance(loss, (int, float)) and math.isfinite(loss):
+                    cur["final"] = float(loss)
+                    cur["best"] = cur["final"] if cur["best"] is None else min(cur["best"], cur["final"])
+        except OSError:
+            return old["final"], old["best"], old["step"]
+        if cur != self.points.get(job_id):
+            self.points[job_id] = cur
+            self.changed = True
+        return cur["final"], cur["best"], cur["step"]
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        from orchestrator.store import private_dir
+        try:
+            d = private_dir(self.path.parent)
+            tmp = d / f".{self.path.name}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(self.points, sort_keys=True) + "\n")
+            os.replace(tmp, self.path)
+        except OSError:  # (a read-only home: the next call reads again)
+            pass
 
 
 def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -396,6 +444,7 @@ def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     from orchestrator.types import is_terminal
     store = JobStore()
     rows = []
+    summaries = LossSummaries(doc["id"])
     for pt in doc.get("points") or []:
         rec = store.get(pt["job_id"])
         if rec is not None and not is_terminal(rec.state) and doc.get("backend") == "slurm":
@@ -405,11 +454,12 @@ def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 pass
         final = best = step = None
         if rec is not None:
-            final, best, step = _losses(rec.run_dir)
+            final, best, step = summaries.of(pt["job_id"], rec.run_dir)
         rows.append({"point": f"p{pt['index']}", "overrides": pt["overrides"], "job": pt["job_id"],
                      "state": rec.state if rec else "NOT STARTED", "step": step, "final_loss": final,
                      "best_loss": best, "root_cause": (rec.root_cause if rec else None),
                      "stopped_early": pt.get("stopped_early"), "not_started": pt.get("not_started")})
+    summaries.save()
     return sorted(rows, key=lambda r: (r["final_loss"] is None, r["final_loss"] or 0.0, r["point"]))
 
 

@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("job", help="job id (a unique prefix is enough), or a sweep id")
     pl.add_argument("--out", "-o", default=None, help="PNG path (default RUN_DIR/plot.png; a sweep's: "
                                                       "ORCHESTRATE_HOME/sweeps/SWEEP_ID.png)")
+    pl.add_argument("--rank", type=int, action="append", default=None, metavar="R",
+                    help="draw this global rank (repeatable; default: every rank of a job of at most 8, else rank 0)")
     sw = sub.add_parser("sweep", help="a sweep's points sorted by final loss: state, step, final and best loss")
     sw.add_argument("sweep_id", help="the sweep id that submit --sweep printed")
     sw.add_argument("--json", action="store_true", help="machine-readable output")
@@ -460,12 +462,13 @@ def cmd_plot(args) -> int:
         store = JobStore()
         points = [(f"p{pt['index']} {' '.join(pt['overrides'])}", rec.run_dir) for pt in doc.get("points") or []
                   if (rec := store.get(pt["job_id"])) is not None]
-        path = plot_sweep(points, args.out or str(sweeps_dir() / f"{doc['id']}.png"), title=doc["id"])
-        print(f"wrote {path}")
+        path, note = plot_sweep(points, args.out or str(sweeps_dir() / f"{doc['id']}.png"), title=doc["id"])
+        print(f"wrote {path}" + (f" ({note})" if note else ""))
         return 0
     rec = _record(args.job)
-    path = plot_job(rec.run_dir, args.out or str(Path(rec.run_dir) / "plot.png"), title=rec.id)
-    print(f"wrote {path}")
+    path, drew = plot_job(rec.run_dir, args.out or str(Path(rec.run_dir) / "plot.png"), title=rec.id,
+                          ranks=args.rank)
+    print(f"wrote {path}: {drew}")
     return 0
 
 

@@ -1,6 +1,11 @@
 """`orchestrate plot JOB`: a PNG of loss and tokens/s per rank over steps, from the heartbeats; `plot SWEEP_ID`: the
 sweep's points' loss curves (rank 0 of each) overlaid, labelled by their overrides (matplotlib, imported only here,
-with the non-interactive Agg backend)."""
+with the non-interactive Agg backend).
+
+The cost is bounded by what is drawn, not by the job's size or length: only the drawn ranks' files are opened (every
+rank of a job of at most DEFAULT_RANKS ranks, else rank 0, or the ranks asked with --rank), and each of them through
+heartbeat.read_sampled (a file bigger than its budget is read as evenly spaced slices: the curve is downsampled, and
+the command says so)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.node.heartbeat import HeartbeatTail, read_all
+from orchestrator.node.heartbeat import read_sampled
+from orchestrator.node.rundir import RunDir
+
+DEFAULT_RANKS = 8  # a job of at most this many ranks draws them all; a bigger one rank 0 unless --rank says
 
 
 def series(heartbeats: list[dict]) -> tuple[dict[int, list[tuple[int, float]]], dict[int, list[tuple[int, float]]]]:
@@ -46,10 +54,14 @@ def _save(fig, plt, out: str) -> Path:
     return path
 
 
-def plot_sweep(points: list[tuple[str, str]], out: str, title: str) -> Path:
-    """`points`: (label, run dir) of each point that has one; rank 0's loss over steps of each, on one axis."""
-    curves = [(label, series(HeartbeatTail(Path(run_dir) / "heartbeats", ranks={0}).read())[0].get(0) or [])
-              for label, run_dir in points]
+def plot_sweep(points: list[tuple[str, str]], out: str, title: str) -> tuple[Path, str]:
+    """`points`: (label, run dir) of each point that has one; rank 0's loss over steps of each, on one axis. Returns
+    the PNG and a note naming the points whose curves were downsampled ("" when none was)."""
+    curves, sampled = [], []
+    for label, run_dir in points:
+        recs, down = read_sampled(RunDir(run_dir).heartbeats / "rank0.jsonl")
+        curves.append((label, series(recs)[0].get(0) or []))
+        sampled += [label.split()[0]] * down
     if not any(pts for _, pts in curves):
         raise ConfigError(f"{title}: no point has a heartbeat with a loss yet")
     plt = _pyplot()
@@ -61,13 +73,38 @@ def plot_sweep(points: list[tuple[str, str]], out: str, title: str) -> Path:
     ax.set_xlabel("step")
     ax.set_title(title)
     ax.legend(loc="upper right", fontsize="small")
-    return _save(fig, plt, out)
+    return _save(fig, plt, out), (f"{', '.join(sampled)} downsampled (evenly spaced slices of a long heartbeat file)"
+                                  if sampled else "")
 
 
-def plot_job(run_dir: str, out: str, title: str) -> Path:
-    loss, speed = series(read_all(Path(run_dir) / "heartbeats"))
+def _world(run: RunDir) -> int | None:
+    plan = run.read_json(run.PLAN)
+    world = plan.get("world_size") if isinstance(plan, dict) else None
+    return world if isinstance(world, int) and world > 0 else None
+
+
+def plot_job(run_dir: str, out: str, title: str, ranks: list[int] | None = None) -> tuple[Path, str]:
+    """The PNG and what it drew (which ranks of how many; which were downsampled). `ranks`: those asked (--rank)."""
+    run = RunDir(run_dir)
+    world = _world(run)
+    if ranks is None:
+        have = list(range(world)) if world is not None else \
+            sorted(int(p.stem[4:]) for p in run.heartbeats.glob("rank*.jsonl") if p.stem[4:].isdigit())  # (no plan:
+        ranks = have if len(have) <= DEFAULT_RANKS else [0]  # the files there are; a listing, none opened)
+    records: list[dict] = []
+    sampled = []
+    for rank in sorted(set(ranks)):
+        recs, down = read_sampled(run.heartbeats / f"rank{rank}.jsonl")
+        records += recs
+        sampled += [rank] * down
+    loss, speed = series(records)
     if not loss and not speed:
         raise ConfigError(f"{title}: no heartbeats with a loss yet in {run_dir}/heartbeats")
+    drew = f"rank(s) {_spans(sorted(set(ranks)))}" + (f" of {world}" if world else "")
+    if world is not None and world > DEFAULT_RANKS and len(set(ranks)) < world:
+        drew += " (--rank R to draw others)"
+    if sampled:
+        drew += f"; rank(s) {_spans(sampled)} downsampled (evenly spaced slices of a long heartbeat file)"
     plt = _pyplot()
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     for rank, pts in sorted(loss.items()):
@@ -79,4 +116,15 @@ def plot_job(run_dir: str, out: str, title: str) -> Path:
         ax2.plot([s for s, _ in pts], [v for _, v in pts], label=f"rank {rank}")
     ax2.set_ylabel("tokens/s")
     ax2.set_xlabel("step")
-    return _save(fig, plt, out)
+    return _save(fig, plt, out), drew
+
+
+def _spans(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and runs[-1][1] == r - 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

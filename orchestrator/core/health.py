@@ -13,7 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Iterable
 
 STRAGGLER_ACTIONS = ("warn", "restart_without")
 MAX_WINDOW = 1000  # the most steps of evidence kept per rank (health.straggler.window is capped by it)
@@ -151,7 +151,10 @@ def median_without(ordered: list[float], value: float) -> float:
 
 
 class HealthMonitor:
-    def __init__(self, health: HealthSpec, world_size: int, started: float):
+    def __init__(self, health: HealthSpec, world_size: int, started: float, ranks: Iterable[int] | None = None):
+        """`ranks`: the ranks whose stalls it judges (default all of `world_size`; a node agent's monitor inside a
+        SLURM allocation: its own, orchestrator.node.hangwatch)."""
+        self.judged = sorted(ranks) if ranks is not None else range(world_size)
         self.stall_timeout = float(health.stall_timeout)
         self.startup_timeout = float(health.startup_timeout)
         self.save_timeout = float(health.save_timeout)
@@ -202,7 +205,7 @@ class HealthMonitor:
     def stalls(self, now: float) -> list[Stall]:
         """Hung ranks, the longest silent first. Ranks that ended are never hung."""
         out = []
-        for rank in range(self.world_size):
+        for rank in self.judged:
             st = self.ranks.get(rank)
             if st is not None and st.event in ("end", "preempted"):
                 continue

@@ -28,12 +28,10 @@ from orchestrator.core.hostlist import first_host
 from orchestrator.core.jobplan import AGENT_ENV, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan, job_port
 from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_marked, marked, marked_ranks,
                                          process_start_time, ranks_of, signal_group, signal_pids)
-from orchestrator.node.emulate import EMULATE_VAR, emulator_argv
-from orchestrator.node.emulate import parse as parse_emulate
+from orchestrator.node.emulate import EMULATE_VAR, Emulation
 from orchestrator.node.ranklines import RankRelay
 from orchestrator.node.rundir import EXIT_MARK, AgentRecord, ExitRecord, RunDir, write_error
 
-DEFER_HANG_S = 3.0  # see Agent.monitor
 MODULE = "orchestrator.node"  # `python -m orchestrator.node RUN_DIR ...` runs `main` below
 HOOKS_DIR = Path(__file__).resolve().parent / "hooks"  # zero-code health hooks for the ranks (sitecustomize)
 EARLIER_CONTAINER_GRACE = 30.0  # seconds an earlier attempt's container gets to end (Agent.end_earlier_container)
@@ -124,8 +122,9 @@ def agent_argv(python: str, run_dir: str, *, node_rank: int | None = None, watch
 
 class Agent:
     def __init__(self, run_dir: Path, plan: LaunchPlan, rank: int, main_ip: str, grace: float = 5.0,
-                 rendered: bool = False):
+                 rendered: bool = False, emulation: Emulation | None = None):
         self.rd = RunDir(run_dir)
+        self.emulation = emulation  # orchestrator.node.emulate: run emulated ranks instead of the plan's launch
         self.run_dir, self.plan, self.rank, self.main_ip, self.grace = run_dir, plan, rank, main_ip, grace
         self.rendered = rendered  # the run dir's node configs were rendered from this plan as it is (core.render)
         self.proc: subprocess.Popen | None = None
@@ -340,9 +339,8 @@ class Agent:
         for g in self.plan.node(self.rank).ranks:  # an earlier attempt's exit records never speak for this one
             (self.rd.heartbeats / f"rank{g}.exit").unlink(missing_ok=True)
         argv = self.rd.bind(self.plan.node(self.rank).command)
-        emulate = os.environ.get(EMULATE_VAR)
-        if emulate:  # scale tests and benchmarks: one cheap process for this node's ranks (orchestrator.node.emulate)
-            argv = emulator_argv(emulate, self.plan.node(self.rank).ranks)  # (checked in main)
+        if self.emulation is not None:  # scale tests and benchmarks: one cheap process for this node's ranks
+            argv = self.emulation.argv(self.plan.node(self.rank).ranks)
         recipe = self.rd.path(RunDir.RECIPE)
         if recipe.exists() and RUN_DIR_VAR in (text := recipe.read_text()):  # staged paths (docs/staging.md)
             self.rd.write_text(RunDir.RECIPE, text.replace(RUN_DIR_VAR, str(self.run_dir)))
@@ -502,39 +500,31 @@ class Agent:
         self._hb_thread.start()
 
     def monitor(self) -> None:
-        """Health monitoring inside the allocation (SLURM: the submitting terminal may be gone). Every agent reads
-        the shared heartbeats; on a hang it notes which of ITS ranks are stopped, keeps their stacks, and stops
-        its launch with exit code 124; `srun --kill-on-bad-exit` then ends every node."""
-        from orchestrator.core.health import HealthMonitor
+        """Health monitoring inside the allocation (SLURM: the submitting terminal may be gone), judged per node from
+        its own ranks' heartbeats (orchestrator.node.hangwatch: what a poll reads, and when a node names a hang). On a
+        hang it keeps the stacks of ITS ranks (the stopped ones first) and stops its launch with exit code 124;
+        `srun --kill-on-bad-exit` then ends every node."""
+        from orchestrator.node.hangwatch import HangWatch
         from orchestrator.node.proctools import state
         health = self.plan.health
-        mon = HealthMonitor(health, self.plan.world_size, started=time.time())
-        tail = self.hb_tail(None)
+        watch = HangWatch(self.rd, self.plan, self.rank, started=time.time())
         every = float(health.poll_interval)
 
         def run() -> None:
-            first_seen = None
             while self.proc is not None and self.proc.poll() is None and not self.stopping.is_set():
                 now = time.time()
-                for rec in tail.read():
-                    mon.feed(rec, now)
-                stalls = mon.stalls(now)
+                stalls = watch.poll(now)
                 if stalls:
                     mine = marked_ranks(self.token)
                     stopped = {g: pid for g, pid in mine.items() if state(pid) == "T"}
-                    # Only the node that holds a stopped rank can name it: a node whose own ranks all run leaves it
-                    # a few seconds to do so (its verdict ends the job: srun --kill-on-bad-exit) before judging.
-                    first_seen = first_seen or now
-                    if not stopped and now - first_seen < DEFER_HANG_S + 2 * every:
-                        time.sleep(every)
-                        continue
-                    text = mon.culprit(stalls, stopped, now)
-                    if health.stack_dumps and mine:
-                        from orchestrator.node.ops import keep_stacks
-                        keep_stacks(self.rd, mine, set(stopped))
-                    self.hang = text
-                    self.stop("hang: " + text)
-                    return
+                    text = watch.verdict(stalls, stopped, now, every)
+                    if text is not None:
+                        if health.stack_dumps and mine:
+                            from orchestrator.node.ops import keep_stacks
+                            keep_stacks(self.rd, mine, set(stopped))
+                        self.hang = text
+                        self.stop("hang: " + text)
+                        return
                 time.sleep(every)
         threading.Thread(target=run, daemon=True).start()
 
@@ -608,15 +598,6 @@ def _child_setup() -> None:
         pass
 
 
-def emulate_problem() -> str | None:
-    """A malformed ORCHESTRATE_EMULATE, said before anything starts."""
-    try:
-        parse_emulate(os.environ.get(EMULATE_VAR) or "")
-    except ValueError as e:
-        return str(e)
-    return None
-
-
 def take_lease(request: dict):
     """Take this node's lease (core.leases.lease_request's JSON) at once: (Held, None) — keep it for the life of this
     process — or (None, the busy lock with its holder)."""
@@ -677,13 +658,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forward-heartbeats", action="store_true",
                     help="print the ranks' heartbeats on stdout as ORCHESTRATE_HB lines")
     ap.add_argument(EMULATE_FLAG, metavar="SPEC", default=None,
-                    help=f"benchmarks and tests only: set {EMULATE_VAR} (emulated ranks, orchestrator.node.emulate)")
+                    help=f"benchmarks and tests only: as {EMULATE_VAR}=SPEC (orchestrator.node.emulate)")
     ap.add_argument("--probe", metavar="JSON", default=None,
                     help='pre-flight first ({"workdir", "port", "check"}, see orchestrator.node.probe): print '
                          "the result, then start only when a line arrives on stdin (EOF: exit, nothing started)")
     args = ap.parse_args(argv)
-    if args.emulate:
-        os.environ[EMULATE_VAR] = args.emulate
+    # --emulate / ORCHESTRATE_EMULATE, parsed once: the one value says whether this node is emulated and what it
+    # runs; a bad spec is refused with the node's other checks, before anything starts
+    try:
+        emulation, bad_emulation = Emulation.of(args.emulate or os.environ.get(EMULATE_VAR)), ""
+    except ValueError as e:
+        emulation, bad_emulation = None, str(e)
     parent = os.getppid()  # before anything can make this process an orphan
     os.umask(0o077)  # everything the agent and its launch create in the run dir is owner-only
     lease = None  # the host's / GPUs' lease (core.leases): held by this process until it ends
@@ -744,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     except (AgentError, OSError, ValueError, KeyError) as e:
         print(f"orchestrate node agent: {e}", file=sys.stderr)
         return 2
-    agent = Agent(run_dir, plan, rank, main_ip, grace=args.grace, rendered=plan is planned)
+    agent = Agent(run_dir, plan, rank, main_ip, grace=args.grace, rendered=plan is planned, emulation=emulation)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, lambda s, _f: agent.forward(s))
     # network, GPUs (docs/gpus.md), the GPUs' health and the container (SLURM: nothing checked this node before)
@@ -755,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
             lease, busy = take_lease(request)
             if lease is None:
                 return agent.refuse(busy_text(busy or {}), EXIT_BUSY, "LeaseBusy")
-    problem = agent.node_checks() or agent.gpu_health_check() or agent.container_check() or emulate_problem()
+    problem = agent.node_checks() or agent.gpu_health_check() or agent.container_check() or bad_emulation
     if problem:
         return agent.refuse(problem)
     try:
@@ -768,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
         return 143
     # Emulated ranks (orchestrator.node.emulate): one process, no rank of its own to watch (RankWatch would scan /proc
     # for ranks that never come) and no rendezvous port to reach; its death is the launch's, which wait() sees.
-    emulated = bool(os.environ.get(EMULATE_VAR))
+    emulated = emulation is not None
     if not emulated:
         agent.watch_ranks()
     if args.watch_stdin:

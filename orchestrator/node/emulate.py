@@ -2,7 +2,9 @@
 `accelerate launch` and all of its ranks, speaking the real protocol through the real writer.
 
 A node agent runs it instead of the plan's launch command when ORCHESTRATE_EMULATE is set in the agent's
-environment (`emulator_argv`); everything else is the real path: the agent, its records (agent.json, exit.json),
+environment (or given as `--emulate`): it parses the spec ONCE into an `Emulation` (`Emulation.of`; a bad spec is
+refused before anything starts) and that one value says both whether the node is emulated and what it runs
+(`Emulation.argv`); everything else is the real path: the agent, its records (agent.json, exit.json),
 the heartbeat files, the backend's events, the one Supervisor, teardown. No torch, no accelerate: a 256-node x
 8-rank job runs on a laptop.
 
@@ -22,6 +24,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 EMULATE_VAR = "ORCHESTRATE_EMULATE"
@@ -38,10 +41,21 @@ def parse(spec: str) -> dict[str, str]:
     return out
 
 
-def emulator_argv(spec: str, ranks: tuple[int, ...] | list[int], python: str | None = None) -> list[str]:
-    """What a node agent runs for its node's `ranks` instead of `accelerate launch` (ValueError for a bad spec)."""
-    parse(spec)
-    return [python or sys.executable, str(Path(__file__).resolve()), spec, ",".join(map(str, ranks))]
+@dataclass(frozen=True)
+class Emulation:
+    """A node agent's emulated ranks: the spec as given and its parsed options."""
+
+    spec: str
+    options: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, spec: str | None) -> "Emulation | None":
+        """None for no spec (the real launch); ValueError for a bad one."""
+        return cls(spec, tuple(parse(spec).items())) if spec else None
+
+    def argv(self, ranks: tuple[int, ...] | list[int], python: str | None = None) -> list[str]:
+        """What the agent runs for its node's `ranks` instead of `accelerate launch`."""
+        return [python or sys.executable, str(Path(__file__).resolve()), self.spec, ",".join(map(str, ranks))]
 
 
 def main(argv: list[str]) -> int:

@@ -94,9 +94,10 @@ def test_jobs_text_golden():
 def test_plot_png(tmp_path):
     from orchestrator.cli.plot import plot_job
     rec = status_fixture(tmp_path)
-    png = plot_job(rec["run_dir"], str(tmp_path / "p.png"), "sft-1")
+    png, drew = plot_job(rec["run_dir"], str(tmp_path / "p.png"), "sft-1")
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert drew == "rank(s) 0-1 of 2"
 
 
 @pytest.mark.health
