@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -520,8 +521,7 @@ class Agent:
         def run() -> None:
             while True:
                 done = self.launch_done.is_set()
-                for rec in tail.read():  # on a line of its own even when a rank's output is mid-line (tqdm)
-                    os.write(1, ("\n" + HB_PREFIX + json.dumps(rec, sort_keys=True) + "\n").encode())
+                write_lines(1, [HB_PREFIX + json.dumps(rec, sort_keys=True) for rec in tail.read()])
                 if done:
                     return
                 self.launch_done.wait(interval)  # woken at once when the launch ends: no exit latency
@@ -621,6 +621,21 @@ class Agent:
         starts from its own records (the previous attempt's steps are not this attempt's progress)."""
         from orchestrator.node.heartbeat import HeartbeatTail
         return HeartbeatTail(self.rd.heartbeats, ranks, from_end=True)
+
+
+def write_lines(fd: int, lines: list[str], most: int = select.PIPE_BUF) -> None:
+    """`lines` on `fd` in as few writes as fit in `most` bytes each (a pipe's atomic write: the ranks' relayed output on
+    the same stdout is never cut into one), i.e. one SSH packet for a cycle's heartbeats, not one per record. Each
+    write starts with a newline, so every line is one of its own even after a rank's unfinished line (tqdm)."""
+    chunk = b""
+    for line in lines:
+        data = line.encode() + b"\n"
+        if chunk and len(chunk) + len(data) > most:
+            os.write(fd, chunk)
+            chunk = b""
+        chunk += (b"\n" if not chunk else b"") + data
+    if chunk:
+        os.write(fd, chunk)
 
 
 def _child_setup() -> None:
