@@ -6,9 +6,9 @@ grace."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -58,5 +58,4 @@ def test_an_unmarked_term_ignoring_process_in_a_new_session_does_not_outlive_its
         assert not alive(pid), f"pid {pid} outlived its job"
     finally:
         if alive(pid):
-            import os
             os.kill(pid, 9)
