@@ -33,6 +33,10 @@ from orchestrator.events import Beat, Line, NodeEnded, drain
 logger = logging.getLogger("orchestrate.ssh")
 TAIL_LINES = 20
 UNREACHABLE_S = 5.0  # a host silent this long to SSH keepalives is lost
+# A node's output thread wakes this often while nothing arrives (only to see its host given up, or its agent's exit
+# status in while an orphan of a killed agent holds the output open; then every 0.1 s): 256 threads of the pump.
+PUMP_WAKE_S = 1.0
+HEARD_S = 1.0  # a host whose output arrived this recently is asked no keepalive (_watch_links)
 STOP_MARGIN_S = 3.0  # a node told to stop and still running this long past the grace: the teardown program over SSH
 
 
@@ -53,6 +57,7 @@ class Node:
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     printed_exit: ExitRecord | None = None  # the exit record its agent printed, not having been able to write it
     done: threading.Event = field(default_factory=threading.Event)
+    heard_at: float = 0.0  # (monotonic) the last output that came from the node's host: the link answers
 
     @property
     def prefix(self) -> tuple[str, ...]:
@@ -127,6 +132,8 @@ class SSHJob:
                 conn = self.pool.conns.get(n.host)
                 if n.done.is_set() or conn is None:
                     continue
+                if time.monotonic() - n.heard_at < HEARD_S:
+                    continue  # its output arrived just now: the link answers without a keepalive round trip
                 silent = conn.silent_for()
                 if silent >= UNREACHABLE_S:
                     conn.dead = True
@@ -247,16 +254,18 @@ def pump(job: SSHJob, node: Node) -> None:
     buf = node.pending  # what arrived after the probe line
     quiet_since = None
     try:
-        node.chan.settimeout(0.2)
+        node.chan.settimeout(PUMP_WAKE_S)
         while True:
             if node.lost:
                 return  # given up (host unreachable): its end is already reported
             try:
                 data = node.chan.recv(65536)
+                node.heard_at = time.monotonic()
             except socket.timeout:
                 # The agent exited but something (an orphan of a killed agent) may still hold the
                 # output pipe open: stop reading once the exit status is in and output is quiet.
                 if node.chan.exit_status_ready():
+                    node.chan.settimeout(0.1)
                     now = time.monotonic()
                     quiet_since = quiet_since or now
                     if now - quiet_since >= 0.3:

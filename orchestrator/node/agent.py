@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -26,8 +27,8 @@ from pathlib import Path
 
 from orchestrator.core.hostlist import first_host
 from orchestrator.core.jobplan import AGENT_ENV, LATE_MAIN_IP, RUN_DIR_VAR, LaunchPlan, job_port
-from orchestrator.node.proctools import (TOKEN_VAR, alive, kill_group, kill_marked, marked, marked_ranks,
-                                         process_start_time, ranks_of, signal_group, signal_pids)
+from orchestrator.node.proctools import (TOKEN_VAR, alive, become_subreaper, marked, marked_ranks, process_start_time,
+                                         ranks_of, signal_group, signal_pids, sweep_launch)
 from orchestrator.node.emulate import EMULATE_VAR, Emulation
 from orchestrator.node.ranklines import RankRelay
 from orchestrator.node.rundir import EXIT_MARK, AgentRecord, ExitRecord, RunDir, write_error
@@ -136,6 +137,9 @@ class Agent:
         self._node_env: dict[str, str] | None = None  # the plan's env for this node, late facts bound (node_checks)
         self.preflight_error = ""  # the network pre-flight stopped this node (watch_main_reachable)
         self.relay: RankRelay | None = None  # node.ranklines.RankRelay: the ranks' output, tagged by rank (start_relay)
+        self.subreaper = False  # this process is its launch's child subreaper (main; proctools.sweep_launch)
+        self.emulated = emulation is not None  # one process stands in for the launch and its ranks: no rank of its own
+        self.watch = None  # node.rankwatch.RankWatch once watch_ranks started it: the ranks' pids it found
 
     def write_config(self) -> Path:
         """This node's accelerate config with its rank and the main address bound. Where those are the plan's own
@@ -413,12 +417,23 @@ class Agent:
         self.stopping.set()
         pgid = self.proc.pid
         signal_group(pgid, first)
-        pids = marked(self.token)  # the ranks live in sessions of their own (torchrun); one scan of /proc for both
+        known = self.known_ranks()
+        # The ranks live in sessions of their own (torchrun): those the rank watch holds, else one scan of /proc (every
+        # process's environment: on loopback hosts sharing one /proc, every agent's scan reads every host's).
+        pids = known if known is not None else marked(self.token)
         signal_pids(pids, first)
         signal_pids(pids, signal.SIGCONT)  # a stopped (hung) rank must run to act on TERM
 
         def escalate() -> None:
             deadline = time.monotonic() + self.grace
+            if known is not None:  # a look at each known rank, no scan; wait()'s sweep finds anything else
+                left = [p for p in known if alive(p)]
+                while left and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    left = [p for p in left if alive(p)]
+                signal_group(pgid, signal.SIGKILL)
+                signal_pids(left, signal.SIGKILL)
+                return
             left = pids
             # Until every rank is gone (saved or not): the launcher then has nothing left to wait for. (Each look is
             # a scan of every process on the host: what it found is what gets the KILL.)
@@ -429,12 +444,24 @@ class Agent:
             signal_pids(left, signal.SIGKILL)  # (anything that appeared since: wait()'s sweep after the launch)
         threading.Thread(target=escalate, daemon=True).start()
 
+    def known_ranks(self) -> list[int] | None:
+        """The pids of this node's rank processes when every one is known without a scan: those the rank watch found
+        (it holds a pidfd on each once it found them all), or none of its own for an emulated node. None: not known."""
+        if self.emulated:
+            return []
+        watch = self.watch
+        if watch is None:
+            return None
+        pids = dict(watch.pids)
+        return list(pids.values()) if len(pids) == len(watch.ranks) else None
+
     def watch_ranks(self) -> None:
         """Fail fast: a rank of this node that dies before finishing ends the node at once (node.rankwatch),
         instead of after torchrun's own poll, error report and exit. Its peers on this node are blocked on it and
         a checkpoint cannot complete without it: KILL, no grace."""
         from orchestrator.node.rankwatch import RankWatch
         watch = RankWatch(self.token, list(self.plan.node(self.rank).ranks), self.rd.heartbeats)
+        self.watch = watch
 
         def run() -> None:
             death = watch.wait(lambda: self.stopping.is_set() or self.launch_done.is_set())
@@ -445,7 +472,8 @@ class Agent:
             self.stopping.set()
             os.write(2, f"orchestrate node agent: {death.describe()}; stopping node {self.rank} now\n".encode())
             signal_group(self.proc.pid, signal.SIGKILL)
-            signal_pids(marked(self.token), signal.SIGKILL)
+            known = self.known_ranks()
+            signal_pids(marked(self.token) if known is None else known, signal.SIGKILL)
         threading.Thread(target=run, daemon=True, name="rank-watch").start()
 
     def watch_stdin(self) -> None:
@@ -491,8 +519,7 @@ class Agent:
         def run() -> None:
             while True:
                 done = self.launch_done.is_set()
-                for rec in tail.read():  # on a line of its own even when a rank's output is mid-line (tqdm)
-                    os.write(1, ("\n" + HB_PREFIX + json.dumps(rec, sort_keys=True) + "\n").encode())
+                write_lines(1, [HB_PREFIX + json.dumps(rec, sort_keys=True) for rec in tail.read()])
                 if done:
                     return
                 self.launch_done.wait(interval)  # woken at once when the launch ends: no exit latency
@@ -537,9 +564,9 @@ class Agent:
             except InterruptedError:
                 continue
         self.launch_done.set()
-        # Nothing of the job may outlive the launch: stragglers of the group and every marked process.
-        kill_group(self.proc.pid, grace=min(self.grace, 2.0))
-        kill_marked(self.token, grace=min(self.grace, 2.0))
+        # Nothing of the job may outlive the launch: as its subreaper, no child left proves it (no scan); else
+        # stragglers of the group, every marked process and the launch's orphans get TERM, then KILL.
+        sweep_launch(self.proc.pid, self.token, min(self.grace, 2.0), self.subreaper)
         self.close_relay()  # the ranks' last lines, before anything the agent says about the end
         cp = self.plan.container
         if cp is not None and cp.runtime in ("podman", "docker"):  # its monitor removes it (--rm); if not, we do
@@ -584,6 +611,21 @@ class Agent:
         starts from its own records (the previous attempt's steps are not this attempt's progress)."""
         from orchestrator.node.heartbeat import HeartbeatTail
         return HeartbeatTail(self.rd.heartbeats, ranks, from_end=True)
+
+
+def write_lines(fd: int, lines: list[str], most: int = select.PIPE_BUF) -> None:
+    """`lines` on `fd` in as few writes as fit in `most` bytes each (a pipe's atomic write: the ranks' relayed output on
+    the same stdout is never cut into one), i.e. one SSH packet for a cycle's heartbeats, not one per record. Each
+    write starts with a newline, so every line is one of its own even after a rank's unfinished line (tqdm)."""
+    chunk = b""
+    for line in lines:
+        data = line.encode() + b"\n"
+        if chunk and len(chunk) + len(data) > most:
+            os.write(fd, chunk)
+            chunk = b""
+        chunk += (b"\n" if not chunk else b"") + data
+    if chunk:
+        os.write(fd, chunk)
 
 
 def _child_setup() -> None:
@@ -730,6 +772,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"orchestrate node agent: {e}", file=sys.stderr)
         return 2
     agent = Agent(run_dir, plan, rank, main_ip, grace=args.grace, rendered=plan is planned, emulation=emulation)
+    # Its launch's orphans become its children (proctools.sweep_launch). Not with a container: its runtime's monitor
+    # (podman's conmon) would become one, and the container's end is its runtime's (Agent.wait removes it).
+    agent.subreaper = plan.container is None and become_subreaper()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, lambda s, _f: agent.forward(s))
     # network, GPUs (docs/gpus.md), the GPUs' health and the container (SLURM: nothing checked this node before)
@@ -753,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
         return 143
     # Emulated ranks (orchestrator.node.emulate): one process, no rank of its own to watch (RankWatch would scan /proc
     # for ranks that never come) and no rendezvous port to reach; its death is the launch's, which wait() sees.
-    emulated = emulation is not None
+    emulated = agent.emulated
     if not emulated:
         agent.watch_ranks()
     if args.watch_stdin:

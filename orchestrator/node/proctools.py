@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -59,6 +60,8 @@ def _stat(pid: int) -> tuple[str, int] | None:
 def alive(pid: int) -> bool:
     st = _stat(pid)
     return st is not None and st[0] not in ("Z", "X")
+
+
 
 
 def group_members(pgid: int) -> list[int]:
@@ -249,6 +252,105 @@ def kill_marked(token: str, grace: float = 5.0, poll: float = 0.05) -> float:
         signal_pids(pids, signal.SIGKILL)
         time.sleep(poll)
     return time.monotonic() - t0
+
+
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def become_subreaper() -> bool:
+    """Make this process the child subreaper of its descendants (Linux prctl PR_SET_CHILD_SUBREAPER): a descendant
+    orphaned later (its parent died, or it double-forked into a session of its own) is re-parented to this process,
+    not to init, so "no child left" proves that none of them is left (`sweep_launch`). False where that cannot be
+    done (not Linux): the caller then always scans."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def has_children() -> bool:
+    """Whether this process has a child, running or a zombie. Reaps nothing (WNOWAIT): another thread's Popen may be
+    waiting for it."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def reap_zombies_apart() -> None:
+    """Reap this process's zombie children that are in another session than its own: a subreaper's re-parented
+    orphans of its launch (a launch starts in a session of its own; the agent's helpers, each waited for by the
+    Popen that started it, run in the agent's session and are left alone). Stops at the first zombie it must
+    leave."""
+    mine = os.getsid(0)
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None:
+            return
+        rest = _stat_fields(info.si_pid)
+        if not rest or rest[0] != "Z" or int(rest[3]) == mine:
+            return
+        try:
+            os.waitpid(info.si_pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+
+
+def children_apart() -> list[int]:
+    """Live children of this process in another session than its own (see reap_zombies_apart). One scan of /proc
+    (its stat files only)."""
+    me, mine = os.getpid(), os.getsid(0)
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        rest = _stat_fields(name)
+        if rest and rest[0] not in ("Z", "X") and int(rest[1]) == me and int(rest[3]) != mine:
+            out.append(int(name))
+    return sorted(out)
+
+
+def kill_children_apart(grace: float = 5.0, poll: float = 0.05) -> float:
+    """TERM (+CONT) this process's children in other sessions (what a subreaper's launch left behind, whatever its
+    environment), again as theirs are re-parented in turn, KILL what is left after `grace`. Seconds until none."""
+    t0 = time.monotonic()
+    told: set[int] = set()
+    while time.monotonic() - t0 < grace + 5:
+        reap_zombies_apart()
+        kids = children_apart()
+        if not kids:
+            break
+        late = time.monotonic() - t0 >= grace
+        new = kids if late else [k for k in kids if k not in told]
+        signal_pids(new, signal.SIGKILL if late else signal.SIGTERM)
+        signal_pids(new, signal.SIGCONT)
+        told.update(new)
+        time.sleep(poll)
+    return time.monotonic() - t0
+
+
+def sweep_launch(pgid: int, token: str, grace: float, subreaper: bool) -> bool:
+    """After a launch (started in its own session and group `pgid`, its processes marked with `token`) has ended and
+    been reaped: make sure nothing of it is left. A subreaper with no child left has proof that nothing is (every
+    descendant of the launch is one of its children or theirs): no scan at all. Otherwise (not a subreaper, or a
+    child remains) the group and the marked processes are TERMed then KILLed, and a subreaper's children in other
+    sessions (the launch's orphans, marker or not) as well. True when it had to sweep."""
+    if subreaper:
+        reap_zombies_apart()  # (orphans of the launch that have exited: a child, but nothing left to kill)
+        if not has_children():
+            return False
+    kill_group(pgid, grace=grace)
+    kill_marked(token, grace=grace)
+    if subreaper:
+        kill_children_apart(grace=grace)
+    return True
 
 
 class Cancelled(Exception):

@@ -1,5 +1,6 @@
 """The testbeds of the cross-backend suites (fault verdicts, own code): their own sshd hosts (127.0.12.x:2223, so
-they never collide with tests/ssh's) and the SLURM testbed cluster (reused when up, torn down when brought up here)."""
+they never collide with tests/ssh's; ORCHESTRATE_TEST_FAULT_SSH_BASE_IP / _PORT move them, so two checkouts' runs do not
+collide either) and the SLURM testbed cluster (reused when up, torn down when brought up here)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def fault_sshd(tmp_path_factory):
     if why:
         _unavailable(f"SSH testbed unavailable: {why}")
     d = tmp_path_factory.mktemp("fault-sshd")
-    tb = sshd_hosts.up(2, d, base_ip="127.0.12.2", port=2223)
+    tb = sshd_hosts.up(2, d, base_ip=os.environ.get("ORCHESTRATE_TEST_FAULT_SSH_BASE_IP", "127.0.12.2"),
+                       port=int(os.environ.get("ORCHESTRATE_TEST_FAULT_SSH_PORT", "2223")))
     yield tb
     sshd_hosts.down(d)
 
