@@ -18,6 +18,7 @@ from typing import Annotated, Any, Iterable
 STRAGGLER_ACTIONS = ("warn", "restart_without")
 MAX_WINDOW = 1000  # the most steps of evidence kept per rank (health.straggler.window is capped by it)
 MAX_LOSSES = 256  # loss points kept per rank for the curve (`loss_curve`: these and the latest)
+SILENT_LISTED = 16  # a hang's root cause names at most this many other silent ranks (the longest silent)
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,8 @@ class HealthMonitor:
         first = first or stalls[0]
         text = first.describe() + (f" (process {stopped[first.rank]} is stopped)" if first.rank in stopped else "")
         others = [str(x.rank) for x in stalls if x.rank != first.rank]
+        if len(others) > SILENT_LISTED:  # (a job of thousands of ranks: every one of them is silent in a hang)
+            others = others[:SILENT_LISTED] + [f"{len(others) - SILENT_LISTED:,} more"]
         return text + (f"; ranks {', '.join(others)} also silent" if others else "")
 
     def stragglers(self) -> list[Straggler]:

@@ -120,3 +120,17 @@ def test_completed_text():
                                 "last_checkpoint": "/o/checkpoint-10"}) == \
         "job j COMPLETED: loss 6.000 -> 2.250 over 10 steps; checkpoint: /o/checkpoint-10"
     assert completed_text("j", {"final_loss": None, "output_dir": "/o"}) == "job j COMPLETED; checkpoint: /o"
+
+
+@pytest.mark.health
+def test_a_hang_of_thousands_of_ranks_names_the_longest_silent_and_counts_the_rest():
+    from orchestrator.core.health import SILENT_LISTED, HealthMonitor, HealthSpec
+    m = HealthMonitor(HealthSpec(stall_timeout=8), world_size=8192, started=0.0)
+    for r in range(8192):
+        m.feed({"rank": r, "host": f"n{r // 8}", "step": 5, "event": "step"}, received=100.0 + r / 10000)
+    text = m.culprit(m.stalls(200.0), {}, 200.0)
+    assert text.startswith("rank 0 on n0 hung: no heartbeat for 100s during training"), text[:200]
+    listed = text.split("; ranks ", 1)[1]
+    named = ", ".join(str(r) for r in range(1, SILENT_LISTED + 1))
+    assert listed == f"{named}, {8191 - SILENT_LISTED:,} more also silent", listed
+    assert len(text) < 300, len(text)
