@@ -34,11 +34,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from orchestrator.core.sweep import Point, check_parallel, expand, point_job_id
 from orchestrator.detach import live_sweep_runner
 from orchestrator.errors import ConfigError, Problem
+from orchestrator.node.heartbeat import appended
 from orchestrator.store import sweeps_dir
 
 SWEEPS = "sweeps"
@@ -297,27 +298,6 @@ def _settle(job_id: str, cancelled: bool, sweep_id: str) -> None:
     JobStore().update(job_id, "CANCELLED", detail=why, root_cause=why, exit_code=130, final=True)
 
 
-def appended(path: Path, offset: int, chunk: int = 1 << 20) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The records of a heartbeat file's complete lines after byte `offset`, each with the offset just past its line
-    (where a next read starts), read a chunk at a time (an unfinished last line waits for the next read, whole).
-    OSError when the file cannot be read."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        rest = b""
-        while data := f.read(chunk):
-            data = rest + data
-            cut = data.rfind(b"\n") + 1
-            for line in data[:cut].split(b"\n")[:-1]:
-                offset += len(line) + 1
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict):
-                    yield offset, rec
-            rest = data[cut:]
-
-
 class Curves:
     """Rank 0's loss per step of every point, read incrementally from its heartbeats (its run dir's, as planned)."""
 
@@ -330,7 +310,7 @@ class Curves:
         try:
             for end, rec in appended(Path(run_dir, "heartbeats", "rank0.jsonl"), self.offsets.get(index, 0)):
                 self.offsets[index] = end
-                if isinstance(rec.get("loss"), (int, float)) and isinstance(rec.get("step"), int):
+                if rec is not None and isinstance(rec.get("loss"), (int, float)) and isinstance(rec.get("step"), int):
                     curve[rec["step"]] = float(rec["loss"])
         except OSError:
             pass
@@ -411,6 +391,8 @@ class LossSummaries:
         try:
             for end, rec in appended(path, cur["offset"]) if cur["offset"] < st.st_size else ():
                 cur["offset"] = end
+                if rec is None:
+                    continue
                 loss = rec.get("loss")
                 if isinstance(rec.get("step"), int) and rec.get("event") in ("step", "save_start", "end"):
                     cur["step"] = max(cur["step"] or 0, rec["step"])

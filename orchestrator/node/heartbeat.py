@@ -1,13 +1,14 @@
-"""Reading heartbeat records: the per-rank files RUN_DIR/heartbeats/rank<G>.jsonl (incrementally, `HeartbeatTail`)
-and the `ORCHESTRATE_HB {json}` lines node agents forward over their output (`parse_forwarded`). The record format
-is docs/CONTRACT.md's; the ranks write it (recipes, the zero-code hooks). Standard library only.
+"""Reading heartbeat records: the per-rank files RUN_DIR/heartbeats/rank<G>.jsonl (incrementally: `HeartbeatTail`,
+over `appended`, the one reader of a file's new lines) and the `ORCHESTRATE_HB {json}` lines node agents forward over
+their output (`parse_forwarded`). The record format is docs/CONTRACT.md's; the ranks write it (recipes, the zero-code
+hooks). Standard library only.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 HB_PREFIX = "ORCHESTRATE_HB "
 
@@ -50,25 +51,34 @@ class HeartbeatTail:
     def read(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for path in self.paths():
-            off = self.offsets.get(path, 0)
             try:
-                with open(path, "rb") as f:
-                    f.seek(off)
-                    data = f.read()
+                for end, rec in appended(path, self.offsets.get(path, 0)):
+                    self.offsets[path] = end
+                    if rec is not None:
+                        out.append(rec)
             except OSError:  # (not there yet)
                 continue
-            end = data.rfind(b"\n")
-            if end < 0:
-                continue
-            self.offsets[path] = off + end + 1
-            for line in data[:end].splitlines():
+        return out
+
+
+def appended(path: Path, offset: int, chunk: int = 1 << 20) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """Each complete line of a heartbeat file after byte `offset`: (the offset just past it, where a next read
+    starts; its record, None when it is not a JSON object), read a chunk at a time (an unfinished last line waits
+    for the next read, whole). OSError when the file cannot be read."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        rest = b""
+        while data := f.read(chunk):
+            data = rest + data
+            cut = data.rfind(b"\n") + 1
+            for line in data[:cut].split(b"\n")[:-1]:
+                offset += len(line) + 1
                 try:
                     rec = json.loads(line)
                 except ValueError:
-                    continue
-                if isinstance(rec, dict):
-                    out.append(rec)
-        return out
+                    rec = None
+                yield offset, rec if isinstance(rec, dict) else None
+            rest = data[cut:]
 
 
 def read_all(directory: Path) -> list[dict[str, Any]]:
