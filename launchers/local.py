@@ -231,7 +231,6 @@ class ForkedAgent:
         os.close(null)
         self.pid, self.returncode = pid, None
         self.stdout = open(r, "rb")  # (a BufferedReader: read1, as Popen's)
-        self._lock = threading.Lock()
 
     def poll(self) -> int | None:
         return self._reap(os.WNOHANG)
@@ -253,8 +252,7 @@ class ForkedAgent:
         except InterruptedError:
             return None
         if pid == self.pid:
-            with self._lock:
-                self.returncode = os.waitstatus_to_exitcode(status)
+            self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:

@@ -138,8 +138,12 @@ class Agent:
         self.preflight_error = ""  # the network pre-flight stopped this node (watch_main_reachable)
         self.relay: RankRelay | None = None  # node.ranklines.RankRelay: the ranks' output, tagged by rank (start_relay)
         self.subreaper = False  # this process is its launch's child subreaper (main; proctools.sweep_launch)
-        self.emulated = emulation is not None  # one process stands in for the launch and its ranks: no rank of its own
         self.watch = None  # node.rankwatch.RankWatch once watch_ranks started it: the ranks' pids it found
+
+    @property
+    def emulated(self) -> bool:
+        """One process stands in for the launch and its ranks (node.emulate): no rank of its own."""
+        return self.emulation is not None
 
     def write_config(self) -> Path:
         """This node's accelerate config with its rank and the main address bound. Where those are the plan's own

@@ -62,8 +62,6 @@ def alive(pid: int) -> bool:
     return st is not None and st[0] not in ("Z", "X")
 
 
-
-
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) pids whose process group is `pgid`."""
     out = []
