@@ -476,7 +476,7 @@ def check_resume(recipe, cluster: ClusterSpec, output_dir: str, job_id: str) -> 
         if not given:
             return None  # the script chooses its output dir itself: not known here
     if mode in ("auto", "latest"):
-        path = oc.latest(output_dir)
+        path = oc.latest_complete(output_dir, say=False)  # (the one a rank would resume from)
     elif Path(mode).is_dir():
         path = mode
     else:

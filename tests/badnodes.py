@@ -41,14 +41,18 @@ def job_ids(home: Path) -> list[str]:
 
 
 class HostKiller:
-    """SIGKILLs `job`'s rank on `host` once that rank's process has itself written `after` training steps (the first
-    strike) or `then` steps (each later one), at most `times` times: a host that crashes every attempt. Counting the
-    struck process's own steps (the lines its rank's heartbeat file gained since the process was first seen) makes
-    every strike land in its attempt whatever the step numbers a resume starts from, and however slow the machine."""
+    """SIGKILLs `job`'s rank on `host` once attempt 0 has written `after` training steps (the first strike) or the
+    rank's new process has itself written `then` steps (each later one), at most `times` times: a host that crashes
+    every attempt. Counting a later process's own steps (the lines its rank's heartbeat file gained since the process
+    was first seen) makes every strike land in its attempt whatever the step numbers a resume starts from; counting the
+    first from the file's start strikes attempt 0 on time even when its rank is found late on a loaded machine, which
+    leaves the later attempts their steps (CI once found it 20 steps in, struck at 30, and the job's last 10 steps
+    ended before the second strike)."""
 
     def __init__(self, home: Path, host: str, after: int, times: int, then: int = 2):
         self.home, self.host, self.after, self.then, self.times = home, host, after, then, times
         self.kills: list[tuple[float, int, int]] = []  # (time, step, pid)
+        self.seen: list[tuple[float, int, int, int]] = []  # (time, rank, pid, offset): each process it watched
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -66,7 +70,10 @@ class HostKiller:
                 if live:
                     rank, pid = live[0]
                     f = self.home / "runs" / jobs[-1] / "heartbeats" / f"rank{rank}.jsonl"
-                    target, offset = (pid, f), (f.stat().st_size if f.exists() else 0)
+                    # the first strike counts attempt 0's steps from the file's start: a rank found late (the /proc
+                    # scan is slow on a loaded machine) is struck at once, leaving the later attempts their steps
+                    target, offset = (pid, f), (f.stat().st_size if f.exists() and self.kills else 0)
+                    self.seen.append((time.time(), rank, pid, offset))
                 else:
                     time.sleep(0.1)
                     continue

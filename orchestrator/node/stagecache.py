@@ -553,14 +553,18 @@ class Server:
         return {"files": out, "root": top}
 
     def op_checkpoints(self, req):
-        """The steps of the checkpoint-N directories under a directory (relative to the workdir), newest last."""
+        """The steps of the complete checkpoint-N directories under a directory (relative to the workdir), newest
+        last. Complete: the save ended (orchestrate_checkpoint.complete, the rule a rank resumes by: the record or
+        trainer_state.json there); a host whose newest one was cut short by a kill lacks it, and is given a copy."""
         top = os.path.realpath(os.path.join(self.root, req["dir"]))
         try:
             names = os.listdir(top)
         except OSError:
             names = []
         return {"steps": sorted(int(d.split("-", 1)[1]) for d in names
-                                if d.startswith("checkpoint-") and d.split("-", 1)[1].isdigit())}
+                                if d.startswith("checkpoint-") and d.split("-", 1)[1].isdigit()
+                                and any(os.path.isfile(os.path.join(top, d, f))
+                                        for f in ("orchestrate.json", "trainer_state.json")))}
 
     def op_get(self, req):
         """Send the listed files (relative to `dir`) as raw bytes after the reply, each exactly the listed size."""

@@ -85,7 +85,9 @@ def test_a_new_job_is_refused_another_jobs_checkpoints_unless_it_asks(tmp_path, 
 @pytest.mark.slow
 def test_a_restart_of_the_same_job_resumes_its_own_checkpoint(tmp_path, job_guard):
     """checkpoint.resume: auto (the default), max_restarts 1: rank 1 is killed after a checkpoint; the restart goes on
-    from the job's own checkpoint (its orchestrate.json names the job), with no refusal and no announcement."""
+    from the job's own checkpoint (its orchestrate.json names the job), with no refusal and no announcement. A newer
+    checkpoint whose save was cut short (what a rank SIGKILLed while saving leaves: a partial weights file, no
+    trainer_state.json) is passed over, not resumed from (which failed the restart with FileNotFoundError)."""
     home, out = tmp_path / "home", tmp_path / "out"
     job_guard.home(home)
     argv = [PYTHON, "-m", "orchestrator.cli", "submit", "recipes/configs/sft_tiny.yaml", "--nodes", "2",
@@ -100,9 +102,13 @@ def test_a_restart_of_the_same_job_resumes_its_own_checkpoint(tmp_path, job_guar
                "a checkpoint saved")
     pid = wait_until(lambda: rank_pids(run_dir).get(1), 30, 0.05, "rank 1's pid")
     wait_until(lambda: (out / "checkpoint-3" / "orchestrate.json").is_file(), 30, 0.05, "the checkpoint's record")
+    cut = out / "checkpoint-149"  # (no save of this run writes it: save_steps 3)
+    cut.mkdir()
+    (cut / "model.safetensors").write_bytes(b"\0" * 100)
     os.kill(pid, signal.SIGKILL)
     text = p.communicate(timeout=600)[0]
     assert p.returncode == 0, text[-4000:]
+    assert f"orchestrate: {cut} is incomplete (its save was cut short" in text, text[-4000:]
     assert re.search(rf"^job {job}: restart 1/1 from the latest checkpoint", text, re.MULTILINE), text[-4000:]
     res = _result(text)
     m = re.search(r"checkpoint-(\d+)$", str(res.get("resumed_from")))

@@ -50,7 +50,7 @@ def test_a_host_that_crashes_every_attempt_is_replaced_by_the_spare(testbed, tmp
     p = _submit_while(args, home, killer)
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "COMPLETED" in p.stdout, out[-4000:]
-    assert len(killer.kills) == 2, killer.kills
+    assert len(killer.kills) == 2, (killer.kills, killer.seen, out[-4000:])
     job = job_ids(home)[-1]
     run_dir = home / "runs" / job
     plan = json.loads((run_dir / "plan.json").read_text())

@@ -130,6 +130,33 @@ def test_rank_resume_choice(tmp_path):
     assert oc.resume_from("auto", "", B) is None
 
 
+def test_a_checkpoint_cut_short_by_a_kill_is_not_resumed_from(tmp_path, capsys):
+    """A rank SIGKILLed while saving leaves checkpoint-N without trainer_state.json (the Trainer writes it last) and
+    without the record: resuming from it failed every restart (FileNotFoundError). The rank resumes from the newest
+    complete one and says why; the hosts' list of checkpoints (the staging server's `checkpoints` op, which decides
+    which host gets a copy of the newest) leaves it out too, so the host that was killed is given the whole one."""
+    import io
+
+    from orchestrator.node import stagecache
+    out = tmp_path / "out"
+    ckpt(out, 4, A)
+    foreign = ckpt(out, 8, None)
+    (foreign / "trainer_state.json").write_text(json.dumps({"global_step": 8}))  # written outside orchestrate
+    cut = ckpt(out, 12, None)
+    (cut / "model.safetensors").write_bytes(b"half")
+    assert not oc.complete(str(cut)) and oc.complete(str(foreign)) and oc.complete(str(out / "checkpoint-4"))
+    assert oc.latest(str(out)) == str(cut)  # transformers' rule alone would take it
+    assert oc.resume_from("auto", str(out), A) == str(foreign)
+    assert f"{cut} is incomplete" in capsys.readouterr().err
+    ckpt(out, 16, A)  # the restart's own, after the cut one: the path mode goes on from it
+    assert oc.resume_from(str(out / "checkpoint-4"), str(out), A) == str(out / "checkpoint-16")
+    (out / "checkpoint-20").mkdir()
+    assert oc.resume_from(str(out / "checkpoint-4"), str(out), A) == str(out / "checkpoint-16")
+    srv = stagecache.Server(str(tmp_path), io.BytesIO(), io.BytesIO())
+    assert srv.op_checkpoints({"dir": "out"}) == {"steps": [4, 8, 16]}
+    assert oc.latest_complete(str(tmp_path / "none")) is None
+
+
 # ------------------------------------------------------------------------------------------- the submitter's check
 
 def _prepare(out: Path, *over: str, **kw):

@@ -10,11 +10,15 @@ rank, `orchestrator.node.hooks.orchestrate_checkpoint` from the package: the bui
   not continue another job's checkpoints by itself (orchestrator.core.resume, docs/CONTRACT.md "Checkpoints").
 - `checkpoints(output_dir)` / `latest(output_dir)`: transformers' own rule (`trainer_utils.get_last_checkpoint`):
   directories named checkpoint-<N>, the highest N.
+- `complete(checkpoint_dir)`: its save ended: it holds the record or trainer_state.json (the Trainer writes that last,
+  after the weights, optimizer and RNG states). A rank killed while saving leaves a checkpoint-N without either;
+  resuming from it fails (FileNotFoundError: trainer_state.json) on every restart, so resume skips it.
 - `describe(checkpoint_dir)`: {"path", "job", "step"}: the job from the record (None: written outside orchestrate),
   the step from the record, else trainer_state.json's global_step, else N; `whose` says it in a rank's log line.
 - `resume_from(mode, output_dir, job_id)`: what a rank resumes from for checkpoint.resume (ORCHESTRATE_RESUME):
-  never / off -> None; auto / latest -> the latest checkpoint (None: a fresh start); a path -> that checkpoint,
-  unless the output dir holds checkpoints this very job wrote since (a restart goes on from its own progress).
+  never / off -> None; auto / latest -> the latest complete checkpoint (None: a fresh start; a newer incomplete one
+  is skipped and said on stderr); a path -> that checkpoint, unless the output dir holds complete checkpoints this
+  very job wrote since (a restart goes on from its own progress).
 """
 
 from __future__ import annotations
@@ -44,6 +48,22 @@ def checkpoints(output_dir: str) -> list[str]:
 def latest(output_dir: str) -> str | None:
     found = checkpoints(output_dir)
     return found[-1] if found else None
+
+
+def complete(checkpoint_dir: str) -> bool:
+    """The checkpoint's save ended (module docstring): its record or trainer_state.json is there."""
+    return any(os.path.isfile(os.path.join(checkpoint_dir, name)) for name in (RECORD, "trainer_state.json"))
+
+
+def latest_complete(output_dir: str, say: bool = True) -> str | None:
+    """The newest complete checkpoint of `output_dir` (None: none); each newer incomplete one is said on stderr."""
+    for path in reversed(checkpoints(output_dir)):
+        if complete(path):
+            return path
+        if say:
+            print(f"orchestrate: {path} is incomplete (its save was cut short: no trainer_state.json): not resumed "
+                  f"from", file=sys.stderr, flush=True)
+    return None
 
 
 def read_record(checkpoint_dir: str) -> dict | None:
@@ -108,7 +128,7 @@ def resume_from(mode, output_dir: str, job_id: str = "") -> str | None:
         return None
     mode = str(mode).strip()
     if mode.lower() in ("auto", "latest"):
-        return latest(output_dir) if output_dir else None
+        return latest_complete(output_dir) if output_dir else None
     own = [c for c in checkpoints(output_dir) if job_id and (read_record(c) or {}).get("job_id") == job_id] \
         if output_dir else []
     if own:  # a restart of the job that began from `mode`: its own checkpoints are further on
