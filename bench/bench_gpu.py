@@ -387,7 +387,8 @@ def section_owncode(a) -> None:
     sys.path.insert(0, str(REPO / "bench"))
     import bench_own_code
     script.write_text(bench_own_code.first_step_script(user))
-    subprocess.run([PY, "-m", "compileall", "-q", str(REPO / "orchestrator"), str(REPO / "recipes")], check=True)
+    subprocess.run([PY, "-m", "compileall", "-q", *(str(REPO / d) for d in ("orchestrator", "launchers", "recipes"))],
+                   check=True)
     first = bench_own_code.first_step
 
     def ours(i: int) -> float:

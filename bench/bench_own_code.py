@@ -244,7 +244,8 @@ def main() -> int:
         # as installed by pip (which byte-compiles): orchestrate's own modules load from .pyc in the CLI, the node
         # agents and the ranks' hooks, whatever PYTHONDONTWRITEBYTECODE says (the user's script is compiled alike on
         # both sides)
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "orchestrator"), str(REPO / "recipes")],
+        subprocess.run([sys.executable, "-m", "compileall", "-q", *(str(REPO / d) for d in ("orchestrator", "launchers",
+                                                                                          "recipes"))],
                        check=True)
         ours(99)  # warm the caches (model, datasets, page cache) for both sides
         sides = {"anchor": anchor, "ours": ours, **({"bare": lambda i: ours(i, bare=True)} if args.bare else {})}

@@ -39,7 +39,7 @@ from typing import Any, Callable
 from orchestrator.core.sweep import Point, check_parallel, expand, point_job_id
 from orchestrator.detach import live_sweep_runner
 from orchestrator.errors import ConfigError, Problem
-from orchestrator.node.heartbeat import appended
+from orchestrator.node.heartbeat import appended, read_tail
 from orchestrator.store import sweeps_dir
 
 SWEEPS = "sweeps"
@@ -515,17 +515,11 @@ def _sweep_doc(sweep_id: str) -> dict[str, Any] | None:
 def _last_loss(run_dir: str, tail: int = 4096) -> float | None:
     """Rank 0's latest finite loss from the end of its heartbeat file (`ls`: not the whole run's records)."""
     try:
-        with open(Path(run_dir, "heartbeats", "rank0.jsonl"), "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - tail))
-            lines = f.read().splitlines()[1 if size > tail else 0:]
+        recs = read_tail(Path(run_dir, "heartbeats", "rank0.jsonl"), tail)
     except OSError:
         return None
-    for line in reversed(lines):
-        try:
-            loss = json.loads(line).get("loss")
-        except (ValueError, AttributeError):
-            continue
+    for rec in reversed(recs):
+        loss = rec.get("loss")
         if isinstance(loss, (int, float)) and math.isfinite(loss):
             return float(loss)
     return None

@@ -106,20 +106,26 @@ def read_tails(directory: Path, budget: int = 4 << 20, least: int = 512, most: i
     out: list[dict[str, Any]] = []
     for path in paths:
         try:
-            with open(path, "rb") as f:
-                size = f.seek(0, 2)
-                f.seek(max(0, size - each))
-                data = f.read(each)
+            out += read_tail(path, each)
         except OSError:
             continue
-        lines = data.split(b"\n")
-        lines = [ln for ln in (lines[1:-1] if size > each else lines[:-1]) if ln.strip()]  # a partial first line
-        try:  # (mid-file) and an unfinished last one left out; one parse per rank, line by line only if one is bad
-            recs = json.loads(b"[" + b",".join(lines) + b"]")
-        except ValueError:
-            recs = [r for r in map(_loads, lines) if r is not None]
-        out += [r for r in recs if isinstance(r, dict)]
     return out
+
+
+def read_tail(path: Path, nbytes: int) -> list[dict[str, Any]]:
+    """The records of the last `nbytes` of one heartbeat file, in order: a partial first line (mid-file) and an
+    unfinished last one left out. OSError when the file cannot be read."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(max(0, size - nbytes))
+        data = f.read(nbytes)
+    lines = data.split(b"\n")
+    lines = [ln for ln in (lines[1:-1] if size > nbytes else lines[:-1]) if ln.strip()]
+    try:  # one parse for the lot, line by line only if one is bad
+        recs = json.loads(b"[" + b",".join(lines) + b"]")
+    except ValueError:
+        recs = [r for r in map(_loads, lines) if r is not None]
+    return [r for r in recs if isinstance(r, dict)]
 
 
 def read_sampled(path: Path, budget: int = 4 << 20, windows: int = 256) -> tuple[list[dict[str, Any]], bool]:

@@ -162,3 +162,23 @@ def test_sweep_reads_rank0_once_then_only_what_was_appended(tmp_path, monkeypatc
     with open(dirs[0] / "heartbeats" / "rank0.jsonl", "a") as f:  # the half-written step, finished
         f.write('ep": 20004, "loss": 0.01, "event": "step"}\n')
     assert table()["p0"] == (0.01, 0.01, 20_004)
+
+
+def test_the_last_loss_of_a_point_reads_only_the_files_tail(tmp_path, monkeypatch):
+    """`ls`'s loss column for a sweep point (sweep._last_loss): rank 0's latest finite loss, from the end of its file
+    through heartbeat.read_tail (the reader `status` uses): a line cut at the start of the tail and an unfinished last
+    line are left out, a NaN is passed over, and only the tail's bytes are read."""
+    from orchestrator.node.heartbeat import read_tail
+    from orchestrator.sweep import _last_loss
+    hb = tmp_path / "heartbeats"
+    hb.mkdir()
+    recs = [{"event": "step", "step": s, "loss": 10.0 - s / 1000} for s in range(5000)]
+    recs += [{"event": "step", "step": 5000, "loss": float("nan")}, {"event": "save", "step": 5000}]
+    (hb / "rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"event": "step", "loss": 0.')
+    tail = read_tail(hb / "rank0.jsonl", 300)
+    assert tail and tail[-1] == {"event": "save", "step": 5000} and all(isinstance(r, dict) for r in tail)
+    assert tail[0]["step"] > 4990  # the partial first line left out, not half-parsed
+    reads = Reads(monkeypatch)
+    assert _last_loss(str(tmp_path)) == pytest.approx(10.0 - 4999 / 1000)
+    assert sum(reads.bytes.values()) <= 4096
+    assert _last_loss(str(tmp_path / "none")) is None
