@@ -180,6 +180,8 @@ def test_resume_choice(tmp_path, monkeypatch):
     out = tmp_path / "out"
     for n in (5, 40, 12):
         (out / f"checkpoint-{n}").mkdir(parents=True)
+        (out / f"checkpoint-{n}" / "trainer_state.json").write_text(f'{{"global_step": {n}}}')
+    (out / "checkpoint-44").mkdir()  # a save cut short (no trainer_state.json): never resumed from
     trainer = SimpleNamespace(args=SimpleNamespace(output_dir=str(out)))
     latest = str(out / "checkpoint-40")
 

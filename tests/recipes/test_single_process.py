@@ -95,8 +95,10 @@ def test_resume_never_and_explicit(recipe_cfg, tmp_path, monkeypatch):
     from recipes.common import RecipeError, resolve_resume
 
     out = tmp_path / "o"
-    (out / "checkpoint-4").mkdir(parents=True)
-    (out / "checkpoint-12").mkdir()
+    for n in (4, 12):
+        (out / f"checkpoint-{n}").mkdir(parents=True)
+        (out / f"checkpoint-{n}" / "trainer_state.json").write_text(f'{{"global_step": {n}}}')
+    (out / "checkpoint-16").mkdir()  # a save cut short (no trainer_state.json): never resumed from
     assert resolve_resume({"checkpoint": {"resume": "auto"}}, str(out)).endswith("checkpoint-12")
     assert resolve_resume({"checkpoint": {"resume": "never"}}, str(out)) is None
     assert resolve_resume({"checkpoint": {"resume": str(out / "checkpoint-4")}}, str(out)).endswith("checkpoint-4")
