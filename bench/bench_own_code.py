@@ -18,7 +18,8 @@ on the hand-run's side too.
 
 Reports each side's median, the ratio of medians and the paired ratios' median and range (goal <= 1.0), and where
 the time goes, per side, from the kernel's process start times: dispatch (submit -> each node's `accelerate launch`
-process exists; for the hand-run, which starts them itself, just the process creation, < 0.01 s), launcher (-> the
+process exists; for the hand-run, which starts them itself, just the process creation, < 0.01 s; over ssh, the moment
+its remote shell hands over to python, after the host's shell start-up files: `launcher_began`), launcher (-> the
 last rank process exists: accelerate and torchrun start-up, rendezvous), ranks (-> first optimizer step ended on
 rank 0: imports, orchestrate's pre-flight and hooks, model and data, the step). Results: bench/results/own_code.json
 (own_code_ssh.json with --backend ssh).
@@ -88,6 +89,17 @@ def launcher_starts(text: str, ranks: int = 2) -> list[float]:
     """When each rank's parent (its node's `accelerate launch` process) was created."""
     found = [float(x) for x in re.findall(r"USER_PROC_START \d+\.\d+ \S+ (\d+\.\d+)", text)]
     assert len(found) == ranks, text[-3000:]
+    return found
+
+
+def launcher_began(text: str, nodes: int = 2) -> list[float]:
+    """Over ssh, when each node's hand-run `accelerate launch` began: its ANCHOR_EXEC time. The process's kernel start
+    time is not it: bash runs the last command of `a && b` in its own process (exec), whose start time is then the
+    shell's fork by sshd, before the host's shell start-up files (~/.bashrc: here `pyenv init`, ~0.15 s) and python's
+    own start ran, which would count them in the hand-run's launcher phase but in our dispatch (our agent starts
+    the launcher after them). Both sides' dispatch now ends where the launcher's python begins."""
+    found = [float(x) for x in re.findall(r"ANCHOR_EXEC (\d+\.\d+)", text)]
+    assert len(found) == nodes, text[-3000:]
     return found
 
 
@@ -224,8 +236,11 @@ def main() -> int:
                       str(tmp / f"anchor{i}" / "out"), str(args.steps)] for rank in range(2)]
             if tb is not None:  # per node: ssh host 'cd REPO && GLOO_SOCKET_IFNAME=lo python -m accelerate.commands...'
                 offline = " ".join(f"{k}={v}" for k, v in OFFLINE.items())
+                # ANCHOR_EXEC: bash's clock (a builtin, no process) as the remote shell hands over to python, i.e.
+                # after the host's shell start-up files ran (see launcher_began)
                 argvs = [["ssh", *tb.ssh_options(), f"{tb.user}@{host}",
-                          f"cd {shlex.quote(str(REPO))} && GLOO_SOCKET_IFNAME=lo {offline} {shlex.join(argv)}"]
+                          f"cd {shlex.quote(str(REPO))} && echo ANCHOR_EXEC $EPOCHREALTIME && "
+                          f"GLOO_SOCKET_IFNAME=lo {offline} {shlex.join(argv)}"]
                          for host, argv in zip(tb.hosts, argvs, strict=True)]
             procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=node_env)
                      for argv in argvs]
@@ -239,7 +254,10 @@ def main() -> int:
                 anchor_failures.append([p.returncode for p in procs])
                 print(f"hand-run {i}: launchers exited {[p.returncode for p in procs]} after the first step; its "
                       "time to first step counts", flush=True)
-            return {**phases(t0, launcher_starts(outs[0] + outs[1]), rank_start(outs[0] + outs[1]), first), **cpu}
+            text = outs[0] + outs[1]
+            forks = launcher_starts(text)
+            began = launcher_began(text) if tb is not None else forks
+            return {**phases(t0, began, rank_start(text), first), **cpu, "shell_fork": max(forks) - t0}
 
         # as installed by pip (which byte-compiles): orchestrate's own modules load from .pyc in the CLI, the node
         # agents and the ranks' hooks, whatever PYTHONDONTWRITEBYTECODE says (the user's script is compiled alike on
