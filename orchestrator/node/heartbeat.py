@@ -119,9 +119,15 @@ def read_tail(path: Path, nbytes: int) -> list[dict[str, Any]]:
         size = f.seek(0, 2)
         f.seek(max(0, size - nbytes))
         data = f.read(nbytes)
-    lines = data.split(b"\n")
-    lines = [ln for ln in (lines[1:-1] if size > nbytes else lines[:-1]) if ln.strip()]
-    try:  # one parse for the lot, line by line only if one is bad
+    return _records(data, mid_file=size > nbytes)
+
+
+def _records(data: bytes, mid_file: bool) -> list[dict[str, Any]]:
+    """The records of a slice of a heartbeat file: its unfinished last line left out, and its first too when the slice
+    starts mid-file (a partial line). One parse for the lot, line by line only if one is bad."""
+    lines = data.split(b"\n")[:-1]
+    lines = [ln for ln in (lines[1:] if mid_file else lines) if ln.strip()]
+    try:
         recs = json.loads(b"[" + b",".join(lines) + b"]")
     except ValueError:
         recs = [r for r in map(_loads, lines) if r is not None]
@@ -149,11 +155,7 @@ def read_sampled(path: Path, budget: int = 4 << 20, windows: int = 256) -> tuple
         return [], False
     out: list[dict[str, Any]] = []
     for start, data in chunks:
-        lines = data.split(b"\n")[:-1]  # (an unfinished last line left out)
-        for line in lines[1 if start > 0 else 0:]:  # (a slice's partial first line too)
-            rec = _loads(line) if line.strip() else None
-            if isinstance(rec, dict):
-                out.append(rec)
+        out += _records(data, mid_file=start > 0)
     return out, size > budget
 
 
