@@ -40,6 +40,7 @@ from orchestrator.core.sweep import Point, check_parallel, expand, point_job_id
 from orchestrator.detach import live_sweep_runner
 from orchestrator.errors import ConfigError, Problem
 from orchestrator.node.heartbeat import appended, read_tail
+from orchestrator.node.rundir import RunDir
 from orchestrator.store import sweeps_dir
 
 SWEEPS = "sweeps"
@@ -308,7 +309,7 @@ class Curves:
     def read(self, index: int, run_dir: str) -> dict[int, float]:
         curve = self.loss.setdefault(index, {})
         try:
-            for end, rec in appended(Path(run_dir, "heartbeats", "rank0.jsonl"), self.offsets.get(index, 0)):
+            for end, rec in appended(_rank0(run_dir), self.offsets.get(index, 0)):
                 self.offsets[index] = end
                 if rec is not None and isinstance(rec.get("loss"), (int, float)) and isinstance(rec.get("step"), int):
                     curve[rec["step"]] = float(rec["loss"])
@@ -378,7 +379,7 @@ class LossSummaries:
         self.changed = False
 
     def of(self, job_id: str, run_dir: str) -> tuple[float | None, float | None, int | None]:
-        path = Path(run_dir, "heartbeats", "rank0.jsonl")
+        path = _rank0(run_dir)
         try:
             st = path.stat()
         except OSError:
@@ -512,10 +513,15 @@ def _sweep_doc(sweep_id: str) -> dict[str, Any] | None:
     return read_sweep(sweep_id)  # (once per sweep per `ls`)
 
 
+def _rank0(run_dir: str) -> Path:
+    """A point's rank 0 heartbeat file: what the sweep's curves, table and `ls` read of it."""
+    return RunDir(run_dir).path(RunDir.heartbeat_rel(0))
+
+
 def _last_loss(run_dir: str, tail: int = 4096) -> float | None:
     """Rank 0's latest finite loss from the end of its heartbeat file (`ls`: not the whole run's records)."""
     try:
-        recs = read_tail(Path(run_dir, "heartbeats", "rank0.jsonl"), tail)
+        recs = read_tail(_rank0(run_dir), tail)
     except OSError:
         return None
     for rec in reversed(recs):
