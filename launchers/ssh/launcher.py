@@ -173,17 +173,16 @@ class SSHLauncher:
                 conn = pool.connect(host)
             initial = b""
             if kept and host in kept:  # the job's earlier look: its agent waits on this channel, its lease dropped
-                chan = chans[host] = kept[host]["chan"]
+                chan = kept[host]["chan"]
                 chan.sendall(b'{"retry": true}\n')
-                out = await_probe(chan, python, max(conn.timeout, 30.0))
-                out["wrapper_pid"] = out.get("wrapper_pid") or kept[host].get("wrapper_pid")
             elif sessions and host in sessions:  # the host's staging session becomes its agent: one remote start
                 chan, initial = sessions.pop(host).exec(by_host[host].argv, WRAPPER_MARK)
-                chans[host] = chan
             else:
-                chan = chans[host] = conn.open(agent_shell(by_host[host].argv), combine_stderr=True)
-            if not (kept and host in kept):
-                out = await_probe(chan, python, max(conn.timeout, 30.0), initial)
+                chan = conn.open(agent_shell(by_host[host].argv), combine_stderr=True)
+            chans[host] = chan
+            out = await_probe(chan, python, max(conn.timeout, 30.0), initial)
+            if kept and host in kept:  # (its wrapper's pid was read by the first look)
+                out["wrapper_pid"] = out.get("wrapper_pid") or kept[host].get("wrapper_pid")
             if out.get("why"):
                 raise HostError(host, out["why"])
             if out["probe"]["problems"]:
