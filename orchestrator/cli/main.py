@@ -64,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--adopt", default=None, help=argparse.SUPPRESS)  # (a SLURM sweep's point: its array task's handle)
     s.add_argument("--sweep-id", default=None, help=argparse.SUPPRESS)  # (a detached sweep's runner)
     s.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
-                   help="run a grid: one job per combination of the values (repeat for more keys); every point is "
-                        "planned first, then run at most --max-parallel at once (on SLURM: one --array job)")
+                   help="run a grid: one job per combination of the values (repeat for more keys); VALUES: a,b,c | "
+                        "[a,b,c] | 1..4[:STEP] | log:LO:HI:N | lin:LO:HI:N; every point is planned first, then run "
+                        "at most --max-parallel at once (on SLURM: one --array job)")
     s.add_argument("--max-parallel", type=int, default=None, help="with --sweep: points running at once (default all)")
     s.add_argument("--stop-if-worse", type=float, default=None, metavar="X",
                    help="with --sweep: cancel a point whose loss is NaN or above X times the best point's at the same "
