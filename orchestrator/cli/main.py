@@ -168,7 +168,7 @@ def cmd_render(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from orchestrator import api
+    from orchestrator import running
     from orchestrator.core.render import summary
     from orchestrator.cli.views import resuming_text, staging_text
     if not args.job_id:  # (a point of a sweep is submitted with its job id: it runs the file without the sweep)
@@ -251,7 +251,7 @@ def cmd_submit(args) -> int:
     sup = Supervisor(prepared.plan)
     _supervisor_signals(sup, prepared.plan.run_dir)
     try:
-        result = api.submit(prepared, on_line=on_line, on_beat=on_beat, on_event=on_event, supervisor=sup,
+        result = running.submit(prepared, on_line=on_line, on_beat=on_beat, on_event=on_event, supervisor=sup,
                             wait=not args.no_wait, adopt=adopt)
     finally:
         try:
@@ -338,8 +338,8 @@ def _supervisor_signals(sup, run_dir: str) -> None:
 
 
 def _record(job: str):
-    from orchestrator import api
-    return api._record(job)
+    from orchestrator import records
+    return records._record(job)
 
 
 def sweep_point(rec) -> dict:
@@ -350,12 +350,13 @@ def sweep_point(rec) -> dict:
 
 
 def cmd_ls(args) -> int:
-    from orchestrator import api
+    from orchestrator import records
+    from orchestrator import running
     from orchestrator.cli.views import last_step
-    records = api.jobs(args.limit)
-    queue = api.queue_positions() if any(r.state == "QUEUED" for r in records) else {}
+    recs = records.jobs(args.limit)
+    queue = running.queue_positions() if any(r.state == "QUEUED" for r in recs) else {}
     rows = [dict(r.to_dict(), step=last_step(r.run_dir), **({"queue_position": queue[r.id]} if r.id in queue else {}),
-                 **sweep_point(r)) for r in records]
+                 **sweep_point(r)) for r in recs]
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True))
     else:
@@ -365,10 +366,11 @@ def cmd_ls(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from orchestrator import api
+    from orchestrator import records
+    from orchestrator import running
     from orchestrator.cli.views import SHOWN, job_status
-    rec, backend = api.status(args.job)
-    queue = api.queue_positions() if rec.state == "QUEUED" else {}
+    rec, backend = records.status(args.job)
+    queue = running.queue_positions() if rec.state == "QUEUED" else {}
     st = job_status(dict(rec.to_dict(), queue_position=queue.get(rec.id)))
     if backend is not None and (backend.detail or backend.reason):
         st["scheduler"] = f"{backend.state} ({backend.detail or backend.reason})"
@@ -382,7 +384,7 @@ def cmd_status(args) -> int:
 
 def cmd_logs(args) -> int:
     import time
-    from orchestrator import api
+    from orchestrator import records
     from orchestrator.cli.logtail import LogTail
     from orchestrator.store import JobStore
     rec = _record(args.job)
@@ -393,7 +395,7 @@ def cmd_logs(args) -> int:
         state = JobStore().get(rec.id).state
         if time.monotonic() - last_check > 10:  # nobody may be supervising it any more: ask its backend
             last_check = time.monotonic()
-            state = api.reconcile(JobStore().get(rec.id))[0].state
+            state = records.reconcile(JobStore().get(rec.id))[0].state
         time.sleep(0.5)
         tail.drain()
         if is_terminal(state):
@@ -433,8 +435,8 @@ def cmd_attach(args) -> int:
             state = JobStore().get(rec.id).state
             if time.monotonic() - last_check > 10:  # nobody may be supervising it any more: ask its backend
                 last_check = time.monotonic()
-                from orchestrator import api
-                state = api.reconcile(JobStore().get(rec.id))[0].state
+                from orchestrator import records
+                state = records.reconcile(JobStore().get(rec.id))[0].state
             if not args.quiet:
                 tail.drain()
             for b in beats.read():
@@ -529,7 +531,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from orchestrator import api
+    from orchestrator import records
     from orchestrator import sweep
     doc = sweep.read_sweep(args.job)
     if doc is not None:
@@ -541,7 +543,7 @@ def cmd_cancel(args) -> int:
     if is_terminal(rec.state):
         print(f"job {rec.id} already {rec.state}")
         return 0
-    state = api.cancel(rec.id)
+    state = records.cancel(rec.id)
     print(f"job {rec.id} {state}")
     return 0 if state == "CANCELLED" else 1
 

@@ -188,9 +188,9 @@ def _assert_synced(result: dict) -> None:
 
 
 def test_sft_two_nodes_through_the_launcher(slurm_cluster):
-    from orchestrator import api
+    from orchestrator import running
     prep = _prepare_sft("submitit")
-    res = api.submit(prep)
+    res = running.submit(prep)
     assert res.state == "COMPLETED", res
     r = _result(prep.plan.run_dir)
     _assert_synced(r)
@@ -278,14 +278,14 @@ def test_sft_hang_then_restart_in_a_new_allocation_resumes(slurm_cluster, tmp_pa
     """health.max_restarts=1 on SLURM: a SIGSTOPped rank is detected as a hang inside the allocation, the job
     ends FAILED, `submit` asks SLURM for a NEW allocation (a new job id) and training resumes from the last
     checkpoint to the end; the restart and its reason are in the job record."""
-    from orchestrator import api
+    from orchestrator import running
     from orchestrator.store import JobStore
     monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path / "home"))
     prep = _prepare_sft("restart", "trainer.max_steps=300", "trainer.save_strategy=steps", "trainer.save_steps=10",
                         "health.stall_timeout=8", "health.poll_interval=0.5", "health.max_restarts=1")
     run_dir = Path(prep.plan.run_dir)
     box: dict = {}
-    t = threading.Thread(target=lambda: box.update(r=api.submit(prep)), daemon=True)
+    t = threading.Thread(target=lambda: box.update(r=running.submit(prep)), daemon=True)
     t.start()
     wait_until(lambda: heartbeat_step(run_dir) >= 25, 180, "training to pass its checkpoint at step 20")
     first_job = (run_dir / "slurm_job_id").read_text().strip()
@@ -327,7 +327,7 @@ def test_sft_scontrol_requeue_checkpoints_and_resumes(slurm_cluster):
     assert m and int(m.group(1)) >= 20
     assert r["global_step"] == 300
     assert L.query(h.handle)["restarts"] >= 1
-    from orchestrator.api import restart_count
+    from orchestrator.running import restart_count
     attempts = RunDir(run_dir).attempts()
     assert restart_count(RunDir(run_dir)) >= 1, attempts  # counted by us too, with its reason
     assert any("requeued by SLURM" in a.reason for a in attempts), attempts
