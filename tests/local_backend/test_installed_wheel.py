@@ -1,6 +1,7 @@
 """Installed as a user would (issue #37): a wheel built from this checkout, `pip install`ed (not editable) into a fresh
 virtualenv, works from an empty directory with no checkout on sys.path: every accelerate profile, the default local
-cluster and the shipped cluster files, the built-in recipes and their data, the node package and its hooks.
+cluster and the shipped cluster files, the built-in recipes and their data, the node package and its hooks, and
+`orchestrate plot` (matplotlib is a dependency).
 
 The fresh venv gets the heavy stack (torch, accelerate, TRL, ...) cheaply: a .pth naming this interpreter's
 site-packages, whose own .pth files (the editable install of orchestrate among them) are not run, so the only
@@ -104,3 +105,5 @@ def test_the_wheel_alone_renders_and_runs_two_nodes_from_an_empty_directory(inst
         beats = heartbeats(run_dir, rank)
         assert any(b["event"] == "step" and b["step"] == 2 for b in beats), beats[-3:]
     assert (inst["cwd"] / "outputs" / "sft_tiny").is_dir()
+    r = orchestrate(inst, "plot", m.group(1), "--out", "loss.png")  # plot works after a plain install
+    assert r.returncode == 0 and (inst["cwd"] / "loss.png").read_bytes()[:4] == b"\x89PNG", r.stdout + r.stderr
