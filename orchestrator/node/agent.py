@@ -36,7 +36,6 @@ from orchestrator.node.rundir import EXIT_MARK, AgentRecord, ExitRecord, RunDir,
 MODULE = "orchestrator.node"  # `python -m orchestrator.node RUN_DIR ...` runs `main` below
 HOOKS_DIR = Path(__file__).resolve().parent / "hooks"  # zero-code health hooks for the ranks (sitecustomize)
 EARLIER_CONTAINER_GRACE = 30.0  # seconds an earlier attempt's container gets to end (Agent.end_earlier_container)
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # holds orchestrator/ and recipes/ (what a container mounts)
 
 RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
 EMULATE_FLAG = "--emulate"  # SPEC: ORCHESTRATE_EMULATE for an agent that does not inherit the submitter's env
@@ -193,12 +192,13 @@ class Agent:
         """`inner` (the launcher's argv, bound) in this job's container, built by the one builder (core.container)."""
         import dataclasses
         from orchestrator.core.container import Mount, node_argv
+        from orchestrator.resources import package_root  # holds orchestrator/ and recipes/ (what a container mounts)
         cp = self.plan.container
         assert cp is not None
         cp = dataclasses.replace(cp, mounts=tuple(Mount(os.path.expanduser(m.host), m.path, m.mode) for m in cp.mounts))
         staged_root = str(self.run_dir.parent.parent) if self.plan.node_package else ""  # WORKDIR: runs, cache, outputs
         return node_argv(cp, inner, job_id=self.plan.job_id, node_rank=self.rank, run_dir=str(self.run_dir),
-                         package=str(PACKAGE_ROOT), cwd=cwd or os.getcwd(), token=self.token,
+                         package=str(package_root()), cwd=cwd or os.getcwd(), token=self.token,
                          env_names=self.container_env_names(secrets), roots=(staged_root,) if staged_root else ())
 
     # ---- network interface and GPUs of this node (docs/gpus.md): bound and checked before the launch starts
