@@ -284,6 +284,7 @@ class Supervisor:
     detach: threading.Event = field(default_factory=threading.Event)
     detach_reason: str = ""
     attempt: int = 0  # which attempt run() supervises (the api sets it; recorded with straggler verdicts)
+    notifies: bool = False  # a notify: block's events come from this process: losing its output does not detach it
 
     def request_cancel(self, reason: str) -> None:
         if not self.cancel.is_set():  # the first reason is the cause (a Ctrl-C, then the hang-up it led to)

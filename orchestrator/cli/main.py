@@ -288,10 +288,13 @@ def _quiet(fds: tuple[int, ...] = (1, 2)) -> None:
 
 def _output_gone(sup, what: str, fds: tuple[int, ...] = (1, 2)) -> None:
     """Whoever watched the submit is gone: `fds` to /dev/null, then on SLURM stop watching (the job runs on in its
-    allocation, its node agents judge hangs there, as sbatch would have left it; status / ls ask SLURM), elsewhere
-    cancel (nothing runs on without the submitter)."""
+    allocation, its node agents judge hangs there, as sbatch would have left it; status / ls ask SLURM) unless the job
+    has notifications to send (this process sends them: it watches on, quietly, to the end), elsewhere cancel
+    (nothing runs on without the submitter)."""
     _quiet(fds)
     if sup.plan.cluster_kind == "slurm":
+        if sup.notifies:
+            return
         sup.request_detach(f"{what}: the job runs on under SLURM; `orchestrate status` asks SLURM")
     else:
         sup.request_cancel(what)
