@@ -179,7 +179,7 @@ def cmd_submit(args) -> int:
             raise ConfigError(Problem(flag, "only with --sweep"))
     prepared = _prepare(args)
     adopt = None
-    if args.adopt:  # a SLURM sweep's point: its array task was submitted by the sweep's runner (orchestrator.sweep)
+    if args.adopt:  # a SLURM sweep's point: its array task was submitted by the sweep's runner (orchestrator.sweeps)
         from orchestrator.types import JobHandle
         if not args.job_id or prepared.cluster.kind != "slurm":
             raise ConfigError(Problem("--adopt", "only for a point of a SLURM sweep (with --job-id)"))
@@ -344,7 +344,7 @@ def _record(job: str):
 def sweep_point(rec) -> dict:
     """{"sweep", "point", "overrides", "loss", "sweep_points", "sweep_parallel"} of a job that is a sweep's point
     (`ls` groups them), {} for any other job."""
-    from orchestrator.sweep import point_of
+    from orchestrator.sweeps import point_of
     return point_of(rec.id, rec.run_dir) or {}
 
 
@@ -410,17 +410,17 @@ def cmd_attach(args) -> int:
     from orchestrator.cli.progress import Progress
     from orchestrator.store import JobStore
     if args.job.startswith("sweep-"):
-        from orchestrator import sweep
-        doc = sweep.read_sweep(args.job)
+        from orchestrator import sweeps
+        doc = sweeps.read_sweep(args.job)
         if doc is not None:
             print(f"attached to sweep {doc['id']}; Ctrl-C detaches, the sweep keeps running", flush=True)
             try:
-                if not sweep.follow(doc, lambda line: print(line, flush=True)):
+                if not sweeps.follow(doc, lambda line: print(line, flush=True)):
                     print(f"sweep {doc['id']} was not run detached: its runner's output is in its terminal")
             except KeyboardInterrupt:
                 print(f"\ndetached from sweep {doc['id']}; it keeps running (orchestrate attach {doc['id']})")
                 return 0
-            print(sweep.sweep_text(doc, sweep.table_rows(doc)))
+            print(sweeps.sweep_text(doc, sweeps.table_rows(doc)))
             return 0
     rec = _record(args.job)
     print(f"attached to job {rec.id} ({rec.state}); Ctrl-C detaches, the job keeps running", flush=True)
@@ -457,7 +457,7 @@ def cmd_plot(args) -> int:
     from pathlib import Path
     from orchestrator.cli.plot import plot_job, plot_sweep
     from orchestrator.store import sweeps_dir
-    from orchestrator.sweep import read_sweep
+    from orchestrator.sweeps import read_sweep
     doc = read_sweep(args.job) if args.job.startswith("sweep-") else None
     if doc is not None:  # a sweep: its points' loss curves overlaid
         from orchestrator.store import JobStore
@@ -495,46 +495,46 @@ def _sweep_from_file(args) -> None:
 
 
 def _submit_sweep(args) -> int:
-    from orchestrator import sweep
+    from orchestrator import sweeps
     if args.stop_if_worse is not None and not args.stop_if_worse > 1:
         raise ConfigError(Problem("--stop-if-worse", f"must be a number > 1, got {args.stop_if_worse}"))
     if args.job_id:
         raise ConfigError(Problem("--sweep", "not with --job-id (each point gets its own)"))
     if args.detach and not args.dry_run:
-        return sweep.detach(args, sys.argv[1:] if args._argv is None else args._argv)
+        return sweeps.detach(args, sys.argv[1:] if args._argv is None else args._argv)
     if args.dry_run:
-        sweep_id, planned, first = sweep.plan_points(args, args.sweep)
+        sweep_id, planned, first = sweeps.plan_points(args, args.sweep)
         print(f"sweep {sweep_id} (dry run): {len(planned)} point(s), every one planned")
         for point, *_ in planned:
             print(f"  p{point.index}  {point.label()}")
         if first.cluster.kind == "slurm":  # ONE array job: its script, as `submit` would write and sbatch it
             from orchestrator.core.sweep import check_parallel
             parallel = check_parallel(args.max_parallel, len(planned))
-            print(f"SLURM: one array job; submit writes it to {sweep.sweep_folder(first, sweep_id)}/job.sbatch:")
-            print(sweep.array_script(sweep_id, planned, first, parallel), end="")
+            print(f"SLURM: one array job; submit writes it to {sweeps.sweep_folder(first, sweep_id)}/job.sbatch:")
+            print(sweeps.array_script(sweep_id, planned, first, parallel), end="")
         return 0
-    return sweep.run(args, args.sweep, say=lambda line: print(line, flush=True))
+    return sweeps.run(args, args.sweep, say=lambda line: print(line, flush=True))
 
 
 def cmd_sweep(args) -> int:
-    from orchestrator import sweep
-    doc = sweep.read_sweep(args.sweep_id)
+    from orchestrator import sweeps
+    doc = sweeps.read_sweep(args.sweep_id)
     if doc is None:
         raise ConfigError(Problem(args.sweep_id, "no such sweep (ORCHESTRATE_HOME/sweeps)"))
-    rows = sweep.table_rows(doc)
+    rows = sweeps.table_rows(doc)
     if args.json:
         print(json.dumps({"id": doc["id"], "max_parallel": doc.get("max_parallel"), "points": rows}, indent=2))
     else:
-        print(sweep.sweep_text(doc, rows))
+        print(sweeps.sweep_text(doc, rows))
     return 0
 
 
 def cmd_cancel(args) -> int:
     from orchestrator import records
-    from orchestrator import sweep
-    doc = sweep.read_sweep(args.job)
+    from orchestrator import sweeps
+    doc = sweeps.read_sweep(args.job)
     if doc is not None:
-        states = sweep.cancel(doc)
+        states = sweeps.cancel(doc)
         for job, state in states.items():
             print(f"job {job} {state}")
         return 0 if all(s in ("CANCELLED", "NOT STARTED") or is_terminal(s) for s in states.values()) else 1
