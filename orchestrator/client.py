@@ -316,17 +316,20 @@ def _last_beat(run_dir: Path) -> dict[str, Any]:
 
 def job_file(job: str | os.PathLike[str] | Mapping[str, Any]) -> str:
     """The job as a file the loader reads: a path as given; a mapping written (YAML, owner-only) to
-    ORCHESTRATE_HOME/jobs/<name>-<digest>.yaml (its `name`, else "job", names the job)."""
+    ORCHESTRATE_HOME/jobs/<digest>/<name>.yaml, where its `name` key (taken out; default "job") names the job as a
+    file's name does."""
     if isinstance(job, (str, os.PathLike)):
         return os.fspath(job)
     if not isinstance(job, Mapping):
         raise ConfigError(Problem("job", f"a path or a mapping, got {type(job).__name__}"))
     import yaml
     from orchestrator.store import home, private_dir, write_private
-    text = yaml.safe_dump(dict(job), sort_keys=False)
-    name = str(job.get("name") or "job")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:60] or "job"
-    path = private_dir(home() / "jobs") / f"{safe}-{hashlib.sha256(text.encode()).hexdigest()[:10]}.yaml"
+    data = dict(job)
+    name = str(data.pop("name", None) or "job")
+    text = yaml.safe_dump(data, sort_keys=False)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".")[:60] or "job"
+    digest = hashlib.sha256(f"{safe}\n{text}".encode()).hexdigest()[:16]
+    path = private_dir(home() / "jobs" / digest) / f"{safe}.yaml"
     if not path.exists():
         write_private(path, text)
     return str(path)
