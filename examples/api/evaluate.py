@@ -8,6 +8,7 @@ Prints one line `EVAL {"loss": ..., "samples": N, "model": ...}` (rank 0).
 """
 
 import argparse
+import itertools
 import json
 import os
 
@@ -24,7 +25,7 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model).eval()
     with open(args.data) as f:
-        rows = [json.loads(line) for line, _ in zip(f, range(args.samples))]
+        rows = [json.loads(line) for line in itertools.islice(f, args.samples)]
     losses = []
     with torch.no_grad():
         for row in rows:
