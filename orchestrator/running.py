@@ -176,6 +176,27 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
     return result
 
 
+def supervise_here(prepared: Prepared, *, signals: Callable[[Supervisor], Callable[[], Any] | None] | None = None,
+                   supervisor: Supervisor | None = None, **kw) -> JobResult:
+    """Run the prepared job to its end in this process, as its recorded supervisor (ORCHESTRATE_HOME/supervisors/
+    <job>.pid: `cancel` from any process signals it): an attached `orchestrate submit`, a detached one's supervisor,
+    and the Python API's `submit(detach=False)`. `signals(sup)` installs how this process is asked to cancel (it may
+    return what puts the old handlers back); `kw` goes to `submit`. Files are created owner-only meanwhile."""
+    from orchestrator.detach import forget_self, record_self
+    job = prepared.plan.job_id
+    mask = os.umask(0o077)
+    record_self(job)
+    sup = supervisor or Supervisor(prepared.plan)
+    restore = signals(sup) if signals is not None else None
+    try:
+        return submit(prepared, supervisor=sup, **kw)
+    finally:
+        forget_self(job)
+        if restore is not None:
+            restore()
+        os.umask(mask)
+
+
 def submit_array(prepared: list[Prepared], *, parallel: int, name: str, folder: str, script: str,
                  cancel=None) -> tuple[str, list[JobHandle]]:
     """A sweep's points on SLURM as ONE array job (launchers.slurm SlurmLauncher.submit_array): every point's run dir

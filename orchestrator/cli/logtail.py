@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from orchestrator.node.ranklines import prefix, split_rank
 
@@ -68,6 +68,11 @@ class LogTail:
         return sorted(found)
 
     def drain(self) -> None:
+        for line in self.lines():
+            print(line, flush=True)
+
+    def lines(self) -> Iterator[str]:
+        """The new complete lines, filtered and prefixed (what drain prints)."""
         for n, path in self.paths():
             try:
                 with open(path, "rb") as f:
@@ -84,4 +89,4 @@ class LogTail:
                     continue
                 r, text = split_rank(line)
                 if self.keep(n, r, text):
-                    print(f"{prefix(self.hosts.get(n, '?'), n, r)} {text}", flush=True)
+                    yield f"{prefix(self.hosts.get(n, '?'), n, r)} {text}"

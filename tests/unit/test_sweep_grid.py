@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.core.sweep import expand, split_values
 from orchestrator.errors import ConfigError
-from orchestrator.sweep import Curves
+from orchestrator.sweeps import Curves
 
 
 def test_the_grid_is_the_product_in_option_order_and_commas_in_brackets_stay():

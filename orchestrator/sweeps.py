@@ -587,7 +587,7 @@ def log_path(sweep_id: str) -> Path:
     return sweeps_dir() / f"{sweep_id}.log"
 
 
-def detach(args, argv: list[str]) -> int:
+def detach(args, argv: list[str], say: Callable[[str], None] = print) -> int:
     """`submit --sweep ... --detach`: plan every point here (a bad point: exit 2, nothing started), then run this
     very submit (same sweep id, without --detach) as the sweep's runner in a session of its own, output to
     log_path; return once it has recorded the sweep. `orchestrate attach SWEEP_ID` follows it, `cancel` stops it."""
@@ -598,9 +598,9 @@ def detach(args, argv: list[str]) -> int:
     child = [a for a in argv if a not in ("--detach", "-d")] + ["--sweep-id", sweep_id, "--color", "never"]
     log = log_path(sweep_id)
     return start_background(  # (the runner plans every point again before it records the sweep)
-        child, log, lambda: read_sweep(sweep_id) is not None, f"sweep {sweep_id}", lambda pid: print(
+        child, log, lambda: read_sweep(sweep_id) is not None, f"sweep {sweep_id}", lambda pid: say(
             f"sweep {sweep_id}: {len(planned)} point(s), runs detached (runner pid {pid}, output {log}); follow it "
-            f"with: orchestrate attach {sweep_id}", flush=True), wait_s=300)
+            f"with: orchestrate attach {sweep_id}"), wait_s=300)
 
 
 def follow(doc: dict[str, Any], say: Callable[[str], None], poll_s: float = 0.5) -> bool:
