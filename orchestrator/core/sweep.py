@@ -16,7 +16,7 @@ point becomes one ordinary job (its own id `<sweep id>-p<i>`, run dir, store rec
 `<output dir>/<sweep id>-p<i>`, so no two points share checkpoints or tracker runs). Values are split on commas
 outside brackets and quotes (`--sweep trainer.lr_scheduler_kwargs={a: 1, b: 2},{a: 3}` keeps each mapping whole);
 a key given twice is an error, as is an empty value list. The grid is the product of the options in the order given
-(the last option varies fastest). No I/O here: orchestrator/sweep.py validates every point and runs them.
+(the last option varies fastest). No I/O here: orchestrator/sweeps.py validates every point and runs them.
 """
 
 from __future__ import annotations
