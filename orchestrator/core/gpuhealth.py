@@ -123,7 +123,7 @@ def judge(host: str, health: dict[str, Any], used: tuple[int, ...] | None = None
             continue
         seen.add((gpu, code))
         out.append(GpuFinding(host, gpu, "xid", str(code), f"{CRITICAL_XID[code]} in the kernel log" + (
-            f" (the last {xid_lookback_s:g} s)" if since is not None else "")))
+            f" of the last {xid_lookback_s:g} s" if since is not None else "")))
     if diag_asked:
         dcgm = health.get("dcgm") or {}
         for f in dcgm.get("failures") or []:

@@ -38,7 +38,7 @@ def test_xid_stamps_and_the_pre_flight_look_back():
     health = {"gpus": [gpu(0), gpu(1)], "xid": events, "clock": 4100.0}
     # the last hour: only GPU 0's XID 48 of 100 s ago; GPU 1's XID 79 of an hour before is not this host's now
     assert [(f.gpu, f.value) for f in judge("h", health, xid_lookback_s=3600)] == [(0, "48")]
-    assert judge("h", health, xid_lookback_s=3600)[0].text().endswith("in the kernel log (the last 3600 s))")
+    assert judge("h", health, xid_lookback_s=3600)[0].text().endswith("in the kernel log of the last 3600 s)")
     assert [(f.gpu, f.value) for f in judge("h", health)] == [(1, "79"), (0, "48")]  # 0: since boot
     untimed = dict(health, xid=xid_events(xid(None, 0x11, 79)))  # no stamp: cannot be placed, counted
     assert [(f.gpu, f.value) for f in judge("h", untimed, xid_lookback_s=60)] == [(1, "79")]
