@@ -228,6 +228,9 @@ def health(diag: bool = False, timeout: float = 30.0) -> dict[str, Any]:
     try:
         r = subprocess.run([smi, *HEALTH_QUERY], capture_output=True, text=True, timeout=timeout,
                            stdin=subprocess.DEVNULL)
+        if r.returncode != 0 and "valid field" in r.stdout + r.stderr:  # a driver without the throttle field: the rest
+            r = subprocess.run([smi, HEALTH_QUERY[0].rsplit(",", 1)[0], HEALTH_QUERY[1]], capture_output=True,
+                               text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         apps = subprocess.run([smi, *APPS_QUERY], capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -240,9 +243,9 @@ def health(diag: bool = False, timeout: float = 30.0) -> dict[str, Any]:
     by_bus: dict[str, dict[str, Any]] = {}
     for line in r.stdout.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != len(HEALTH_FIELDS) or not parts[0].isdigit():
+        if len(parts) not in (len(HEALTH_FIELDS), len(HEALTH_FIELDS) - 1) or not parts[0].isdigit():
             continue
-        gpu = {k: _value(v) for k, v in zip(HEALTH_FIELDS, parts, strict=True)}
+        gpu = {k: _value(v) for k, v in zip(HEALTH_FIELDS, parts)}  # (no throttle field: the last is left out)
         gpu["pci_bus"] = _bus(parts[1])
         gpu["processes"] = []
         out["gpus"].append(gpu)

@@ -102,3 +102,43 @@ def test_ecc_errors_mid_job_take_the_host_out_and_the_restart_runs_on_the_spare(
     assert [n["host"] for n in plan["node_plans"]] == [a, c], plan["node_plans"]  # the spare took b's place
     st = json.loads(cli("status", run_dir.name, "--json", env=env).stdout)
     assert st["state"] == "COMPLETED" and st["restarts"] == 1 and list(st["excluded"]) == [b], st
+
+
+def test_the_node_reads_throttle_stamps_and_an_unreadable_log(fake_local_gpus, tmp_path, monkeypatch):
+    """orchestrator.node.gpus.health against the stand-ins: the throttle field (and a driver that lacks it: the rest
+    is still read), the kernel log's XIDs with their stamps and the node's clock, an unreadable log and why."""
+    from orchestrator.node import gpus
+    fake_local_gpus(2)
+    log = tmp_path / "kern.log"
+    log.write_text(_xid(12.5, 0x10, 48))
+    monkeypatch.setenv("ORCHESTRATE_DMESG", str(FAKES / "dmesg"))
+    monkeypatch.setenv("FAKE_DMESG_FILE", str(log))
+    h = gpus.health()
+    assert [g["throttle"] for g in h["gpus"]] == ["0x0000000000000000"] * 2 and h["error"] is None, h
+    assert [(e["t"], e["pci_bus"], e["xid"]) for e in h["xid"]] == [(12.5, "0000:10:00", 48)]
+    assert abs(h["clock"] - time.monotonic()) < 30
+    monkeypatch.setenv("FAKE_NVIDIA_NO_THROTTLE", "1")
+    monkeypatch.setenv("FAKE_DMESG_FAIL", "1")
+    h = gpus.health()
+    assert [(g["index"], g["ecc_uncorrected_volatile"], g.get("throttle")) for g in h["gpus"]] == [(0, 0, None),
+                                                                                                  (1, 0, None)], h
+    assert h["xid"] is None and "Operation not permitted" in h["xid_error"], h
+
+
+def test_an_unreadable_kernel_log_is_said_once_by_the_pre_flight_and_once_by_each_watch(fake_local_gpus, tmp_path):
+    fake_local_gpus(2)
+    home = tmp_path / "home"
+    env = {"ORCHESTRATE_HOME": str(home), "ORCHESTRATE_LEASE_DIR": str(tmp_path / "leases"),
+           "ORCHESTRATE_DMESG": str(FAKES / "dmesg"), "FAKE_DMESG_FAIL": "1"}
+    r = cli("submit", _job(tmp_path, 30, 1), env=env, cwd=REPO, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "COMPLETED" in r.stdout, out[-3000:]
+    why = "the kernel log could not be read (dmesg: read kernel buffer failed: Operation not permitted): XID errors " \
+          "are not checked"
+    assert out.count(f"orchestrate: warning: GPU health: localhost: {why}") == 1, out[-3000:]  # the pre-flight
+    run_dir = next((home / "runs").iterdir())
+    for n in (0, 1):
+        rec = json.loads((run_dir / "nodes" / str(n) / "gpu_watch.json").read_text())
+        log = (run_dir / "logs" / f"node{n}.log").read_text()
+        assert rec["polls"] >= 2 and rec["warnings"] == [f"{rec['host']}: {why}"] and rec["fault"] is None, rec
+        assert log.count(why) == 1, log[-2000:]
