@@ -245,7 +245,7 @@ def health(diag: bool = False, timeout: float = 30.0) -> dict[str, Any]:
         parts = [p.strip() for p in line.split(",")]
         if len(parts) not in (len(HEALTH_FIELDS), len(HEALTH_FIELDS) - 1) or not parts[0].isdigit():
             continue
-        gpu = {k: _value(v) for k, v in zip(HEALTH_FIELDS, parts)}  # (no throttle field: the last is left out)
+        gpu = {k: _value(v) for k, v in zip(HEALTH_FIELDS[:len(parts)], parts, strict=True)}  # (no throttle: left out)
         gpu["pci_bus"] = _bus(parts[1])
         gpu["processes"] = []
         out["gpus"].append(gpu)
