@@ -213,13 +213,14 @@ def dcgm_diag(timeout: float = 600.0) -> dict[str, Any]:
     return {"ran": True, "failures": failures, "error": None if r.returncode in (0, 226) else f"exit {r.returncode}"}
 
 
-def health(diag: bool = False, timeout: float = 30.0) -> dict[str, Any]:
+def health(diag: bool = False, timeout: float = 30.0, apps: bool = True) -> dict[str, Any]:
     """What the node says of its GPUs' health, for the pre-flight's judge (orchestrator.core.gpuhealth):
     {"gpus": [{index, pci_bus, ecc_uncorrected_volatile, retired_pages_pending, remapped_rows_failure,
     remapped_rows_pending, persistence_mode, compute_mode, memory_used_mib, processes: [{pid, used_mib}]}],
     "xid": [{pci_bus, xid, text, t}] or None (kernel log unreadable: "xid_error" says why), "clock": the node's
     time.monotonic() when the kernel log was read (the XIDs' look-back counts back from it), "dcgm": {...} when
-    asked, "error": why nvidia-smi could not tell}."""
+    asked, "error": why nvidia-smi could not tell}. `apps` False: the processes are not asked (the GPU watch: the
+    job's own), one nvidia-smi less."""
     out: dict[str, Any] = {"gpus": [], "xid": None, "xid_error": None, "error": None}
     smi = nvidia_smi()
     if not smi:  # nothing to ask (not a finding: the GPUs' own checks need the driver's tool)
@@ -231,8 +232,8 @@ def health(diag: bool = False, timeout: float = 30.0) -> dict[str, Any]:
         if r.returncode != 0 and "valid field" in r.stdout + r.stderr:  # a driver without the throttle field: the rest
             r = subprocess.run([smi, HEALTH_QUERY[0].rsplit(",", 1)[0], HEALTH_QUERY[1]], capture_output=True,
                                text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        apps = subprocess.run([smi, *APPS_QUERY], capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        procs = subprocess.run([smi, *APPS_QUERY], capture_output=True, text=True, timeout=timeout,
+                               stdin=subprocess.DEVNULL) if apps else None
     except (OSError, subprocess.TimeoutExpired) as e:
         out["error"] = f"{smi}: {e}"
         return out
@@ -250,8 +251,8 @@ def health(diag: bool = False, timeout: float = 30.0) -> dict[str, Any]:
         gpu["processes"] = []
         out["gpus"].append(gpu)
         by_bus[gpu["pci_bus"]] = gpu
-    if apps.returncode == 0:
-        for line in apps.stdout.splitlines():
+    if procs is not None and procs.returncode == 0:
+        for line in procs.stdout.splitlines():
             parts = [p.strip() for p in line.split(",")]
             if len(parts) == 3 and parts[1].isdigit() and _bus(parts[0]) in by_bus:
                 by_bus[_bus(parts[0])]["processes"].append({"pid": int(parts[1]), "used_mib": _value(parts[2])})

@@ -44,7 +44,7 @@ class GpuWatch:
         self.record = GpuWatchRecord(host=host, every_s=every_s, since=self.since, used=list(used) if used else None)
         if health is None:
             from orchestrator.node.gpus import health as read
-            health = read
+            health = lambda: read(apps=False)  # noqa: E731 - (the processes on the GPUs are the job's own)
         self.health = health
         self.say = say or _stderr
 
