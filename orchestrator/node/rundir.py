@@ -15,6 +15,8 @@ RUN_DIR/nodes/<R>/accelerate.yaml    node R's accelerate config (node agent, at 
 RUN_DIR/nodes/<R>/command.txt        what node R runs, env with secrets masked (submitter, for humans)
 RUN_DIR/nodes/<R>/agent.json         AgentRecord: pids, groups, host, launch token (node agent)
 RUN_DIR/nodes/<R>/exit.json          ExitRecord: how node R's launch ended and why (node agent)
+RUN_DIR/nodes/<R>/gpu_watch.json     GpuWatchRecord: node R's GPU watch during the job, its findings and warnings
+                                     (node agent, orchestrator.node.gpuwatch)
 RUN_DIR/nodes/<R>/output/rank<G>     named pipe: rank G's stdout+stderr, tagged `[rankG]: ` by the node agent
                                      (node.ranklines; opened by the rank's start-up hook; exists during the launch)
 RUN_DIR/logs/node<R>.log             node R's output (the backend)
@@ -41,7 +43,7 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -99,6 +101,7 @@ class ExitRecord:
     hang: str | None = None  # the agent's own hang verdict (SLURM: in-allocation monitor)
     rank_death: str | None = None  # "rank 1 (pid N) died of SIGKILL (exit -9) before finishing"
     host: str = ""  # the host the agent ran on (a node refused before its launch has no agent.json to say so)
+    gpu_fault: str | None = None  # the GPU watch ended the node: "XID 79 (...) on GPU 1 of gpu02" (node.gpuwatch)
     unwritten: str = ""  # only in the copy an agent printed (EXIT_MARK) because this file could not be written: why
 
     def end(self) -> str:
@@ -111,8 +114,27 @@ class ExitRecord:
         return "preempted" if self.preempted else "done" if self.returncode == 0 else "failed"
 
     def note(self) -> str:
-        return self.rank_death or self.hang or self.stop_reason or (
+        return self.rank_death or self.gpu_fault or self.hang or self.stop_reason or (
             f"exit record could not be written: {self.unwritten}" if self.unwritten else "")
+
+
+@dataclass(frozen=True)
+class GpuWatchRecord:
+    """nodes/<R>/gpu_watch.json: the node's GPU watch (orchestrator.node.gpuwatch), rewritten by its agent each poll."""
+
+    host: str = ""
+    every_s: float = 0.0  # health.gpu_watch_s
+    since: float = 0.0  # the watch's start on the node's monotonic clock (XIDs stamped before it are not the job's)
+    used: list[int] | None = None  # the GPUs watched (None: every GPU of the node)
+    polls: int = 0
+    t: float = 0.0  # wall clock of the last poll
+    findings: list[str] = field(default_factory=list)  # every new finding seen, host and GPU named
+    warnings: list[str] = field(default_factory=list)  # said once each: kernel log unreadable, throttling, ...
+    fault: str | None = None  # the finding that ended the attempt
+
+    def with_(self, **changes: Any) -> "GpuWatchRecord":
+        from dataclasses import replace
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -271,6 +293,12 @@ class RunDir:
 
     def write_exit(self, rank: int, rec: ExitRecord) -> None:
         self.write_json(self.node_rel(rank, "exit.json"), asdict(rec))
+
+    def write_gpu_watch(self, rank: int, rec: GpuWatchRecord) -> None:
+        self.write_json(self.node_rel(rank, "gpu_watch.json"), asdict(rec))
+
+    def gpu_watch(self, rank: int) -> GpuWatchRecord | None:
+        return _from(GpuWatchRecord, self._json(self.node_rel(rank, "gpu_watch.json")))
 
     def reserve_exit(self, rank: int) -> None:
         """Keep room for node `rank`'s exit record (RESERVE_BYTES in nodes/<R>/.exit.reserve): a filesystem that
