@@ -16,16 +16,20 @@ from pathlib import Path
 
 import pytest
 
-from helpers import OFFLINE_ENV, PYTHON, cli_status, saved_rank
+from helpers import OFFLINE_ENV, PYTHON, cli_status, saved_rank, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 40
 
 
-def _mlflow_runs(uri: str) -> list:
-    from mlflow.tracking import MlflowClient
-    client = MlflowClient(tracking_uri=uri)
-    return client, client.search_runs([e.experiment_id for e in client.search_experiments()])
+def _mlflow_runs(client) -> list:
+    return client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+def _logged(client, step: int) -> bool:
+    """Some run of the store has its loss of `step` (MLflow logs asynchronously: what a killed process had queued is
+    lost, which is MLflow's matter, not the job's)."""
+    return any(m.step >= step for r in _mlflow_runs(client) for m in client.get_metric_history(r.info.run_id, "loss"))
 
 
 @pytest.mark.slow
@@ -39,15 +43,18 @@ def test_a_restarted_job_is_one_mlflow_run_with_a_continuous_step_axis(tmp_path,
             "trainer.logging_steps=1", "health.max_restarts=1", f"trainer.output_dir={out}"]
     p = job_guard.spawn(argv, cwd=REPO, env={**os.environ, **OFFLINE_ENV, **env},
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=uri)
     run_dir, pid = saved_rank(home, 0, 3)
     job = run_dir.name
+    wait_until(lambda: _logged(client, 3), 60, 0.1, "step 3's loss in the tracking store")
     os.kill(pid, signal.SIGKILL)  # the process that logs to MLflow dies without ending its run
     killed_ms = time.time() * 1000
     text = p.communicate(timeout=600)[0]
     assert p.returncode == 0, text[-4000:]
     assert re.search(rf"^job {job}: restart 1/1 from the latest checkpoint", text, re.MULTILINE), text[-4000:]
 
-    client, runs = _mlflow_runs(uri)
+    runs = _mlflow_runs(client)
     assert len(runs) == 1, [(r.info.run_id, r.data.tags) for r in runs]  # ONE run for both attempts
     run = runs[0]
     rid = run.info.run_id
@@ -67,11 +74,9 @@ def test_a_restarted_job_is_one_mlflow_run_with_a_continuous_step_axis(tmp_path,
     first = [m.step for m in history if m.timestamp < killed_ms]
     second = [m.step for m in history if m.timestamp >= killed_ms]
     assert first and second, [(m.step, m.timestamp) for m in history]
-    assert first == list(range(1, len(first) + 1)), first
-    assert second == sorted(set(second)) and second[-1] == MAX_STEPS, second
+    assert first == list(range(1, len(first) + 1)) and len(first) >= 3, first
     ckpt = int(re.search(r"resuming from \S*checkpoint-(\d+)", text).group(1))
-    assert 3 <= ckpt and second[0] == ckpt + 1, (ckpt, second)
-    assert sorted(set(first) | set(second)) == list(range(1, MAX_STEPS + 1))
+    assert 3 <= ckpt and second == list(range(ckpt + 1, MAX_STEPS + 1)), (ckpt, second)
 
     # status names the run (RUN_DIR/tracking.json, from rank 0's "tracking" heartbeat record)
     st, shown = cli_status(job, env={"ORCHESTRATE_HOME": str(home)})
