@@ -317,6 +317,7 @@ class Supervisor:
         straggler: str | None = None
         straggler_host = ""
         stragglers = StragglerLog(self.plan, self.attempt)
+        rd = RunDir(self.plan.run_dir) if getattr(self.plan, "run_dir", "") else None
 
         def teardown(reason: str, grace: float, nodes: set[int] | None = None) -> None:
             nonlocal torn_down_at, teardown_mono
@@ -339,6 +340,8 @@ class Supervisor:
                                 host = ""
                             monitor.feed(dict(rec, host=host) if host and host != rec.get("host") else rec,
                                          time.time())
+                            if rec.get("event") == "tracking" and rd is not None:
+                                rd.write_tracking(rec)  # the job's tracker run (rank 0 names it), for `status`
                             if self.on_beat:
                                 self.on_beat(ev.record)
                         elif isinstance(ev, NodeEnded):

@@ -24,6 +24,8 @@ RUN_DIR/heartbeats/rank<G>.jsonl     per-rank heartbeat records, docs/CONTRACT.m
 RUN_DIR/heartbeats/rank<G>.exit      {"pid", "code"}: how rank G left Python's exit (its start-up hooks; removed
                                      by the node agent before each launch)
 RUN_DIR/stacks/rank<G>.txt           py-spy stacks of a hung job's ranks (node agent / supervisor)
+RUN_DIR/tracking.json                {"mlflow": {"run_id", "experiment_id", "tracking_uri", "t"}}: the job's one
+                                     MLflow run, as rank 0 named it (supervisor, from its "tracking" heartbeat)
 RUN_DIR/outcome.json                 how the job's last attempt ended, per node, as judged: {"state", "exit_code",
                                      "signal", "root_cause", "by", "t", "nodes": [{"node", "host", "end",
                                      "exit_code", "signal", "note"}], "teardown_at": when the supervisor told the
@@ -181,6 +183,7 @@ class RunDir:
     STRAGGLERS = "stragglers.json"  # the supervisor's straggler verdicts and each rank's evidence (core.health)
     RESUMED = "resumed_from.json"  # another job's checkpoint this job began from, as asked (api.check_resume)
     OUTCOME = "outcome.json"  # the last attempt's end as judged, per node (supervisor / reconciling status)
+    TRACKING = "tracking.json"  # the job's tracker run (MLflow), as rank 0 named it in a "tracking" heartbeat record
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
@@ -361,6 +364,27 @@ class RunDir:
         """stragglers.json: {"named": [Straggler.to_dict() + "t", "attempt", "action"], "evidence": {rank: s},
         "t"}; {} when nothing was judged."""
         data = self._json(self.STRAGGLERS)
+        return data if isinstance(data, dict) else {}
+
+    def write_tracking(self, rec: dict) -> bool:
+        """Keep the tracker run that rank 0's "tracking" heartbeat record names (orchestrate_tracking), as
+        {tracker: {"run_id", "experiment_id", "tracking_uri", "t"}}; written only when it changes (True: written).
+        Never raises."""
+        tracker = str(rec.get("tracker") or "")
+        entry = {k: rec.get(k) for k in ("run_id", "experiment_id", "tracking_uri")}
+        data = self.tracking()
+        if not tracker or not entry["run_id"] or {k: (data.get(tracker) or {}).get(k) for k in entry} == entry:
+            return False
+        data[tracker] = dict(entry, t=rec.get("t"))
+        try:
+            self.write_json(self.TRACKING, data)
+        except OSError:
+            return False
+        return True
+
+    def tracking(self) -> dict:
+        """{tracker: {"run_id", "experiment_id", "tracking_uri", "t"}}: the job's tracker runs; {} when none."""
+        data = self._json(self.TRACKING)
         return data if isinstance(data, dict) else {}
 
     def request_cancel(self, by: str) -> None:
