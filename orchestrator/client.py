@@ -122,12 +122,12 @@ class Rendered:
     files: dict[str, str]
     _prepared: Any = dataclasses.field(repr=False, compare=False, default=None)
 
-    def write(self, out: str | os.PathLike[str]) -> Path:
-        """Write the files to `out` (owner-only), as `orchestrate render --out` does; returns the directory."""
-        from orchestrator import api
-        path = Path(out).expanduser().resolve()
-        api.write_files(self.files, path)
-        return path
+    def write(self, out: str | os.PathLike[str], *, force: bool = False) -> Path:
+        """Write the files to `out` (owner-only), as `orchestrate render --out` does; returns the directory. A
+        directory holding another plan, or files render does not write, is refused (ConfigError) unless `force`,
+        which removes only render's own files there (orchestrator.renderdir)."""
+        from orchestrator import renderdir
+        return renderdir.write(self.files, out, self.plan["job_id"], self.plan["recipe_name"], force=force)
 
 
 # ------------------------------------------------------------------------------------------- the job

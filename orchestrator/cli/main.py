@@ -74,10 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("render", help="dry run: write the plan and every per-node file to a directory",
                        description="Dry run: writes DIR/plan.json, DIR/recipe.yaml and DIR/nodes/<rank>/"
-                                   "{accelerate.yaml,command.txt}; touches nothing else.")
+                                   "{accelerate.yaml,command.txt}; touches nothing else. A DIR holding another "
+                                   "plan (or other files) is refused unless --force (docs/operations.md).")
     _add_plan_args(r)
     r.add_argument("--out", "-o", required=True, help="output directory")
     r.add_argument("--json", action="store_true", help="print the plan as JSON instead of the summary")
+    r.add_argument("--force", action="store_true", help="DIR holds another plan or other files: replace render's own "
+                                                        "files there (other files are kept)")
 
     ls = sub.add_parser("ls", help="recent jobs (state, nodes, step, age, root cause)")
     ls.add_argument("--limit", type=int, default=20)
@@ -151,7 +154,7 @@ def cmd_render(args) -> int:
     out = Path(args.out).expanduser().resolve()
     rendered = client.render(args.recipe, nodes=args.nodes, cluster=args.cluster, profile=args.profile,
                              overrides=list(args.overrides), procs_per_node=args.procs_per_node, run_dir=str(out))
-    rendered.write(out)
+    rendered.write(out, force=args.force)
     prepared = rendered._prepared
     if args.json:
         print(prepared.plan.to_json(), end="")

@@ -115,6 +115,33 @@ def test_render_writes_plan_and_every_node(tmp_path):
     assert json.loads(r.stdout)["world_size"] == 1
 
 
+def test_render_never_mixes_two_plans_in_one_directory(tmp_path):
+    """issue #37 item 3: a directory holding another plan, or other files, is refused (exit 2, one line) unless
+    --force, which removes only render's own files; the same job rendered again replaces its earlier render."""
+    from orchestrator import client
+    from orchestrator.errors import ConfigError
+    out = tmp_path / "plan"
+    client.render("recipes/configs/sft_tiny.yaml", nodes=3, run_dir=str(out)).write(out)
+    client.render("recipes/configs/sft_tiny.yaml", nodes=2, run_dir=str(out)).write(out)  # same job: replaced
+    assert sorted(p.name for p in (out / "nodes").iterdir()) == ["0", "1"]
+    r = run("render", "recipes/configs/dpo_tiny.yaml", "--out", out)  # another job's plan
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"--out: {out} holds the plan of job sft_tiny-" in r.stderr and "--force" in r.stderr
+    assert __import__("json").loads((out / "plan.json").read_text())["recipe_name"] == "sft_tiny"  # untouched
+    (out / "notes.txt").write_text("mine")
+    r = run("render", "recipes/configs/dpo_tiny.yaml", "--out", out, "--force")
+    assert r.returncode == 0, r.stderr
+    assert __import__("json").loads((out / "plan.json").read_text())["recipe_name"] == "dpo_tiny"
+    assert (out / "notes.txt").read_text() == "mine" and sorted(p.name for p in (out / "nodes").iterdir()) == ["0"]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "data.csv").write_text("x")
+    with pytest.raises(ConfigError, match=r"is not empty \(1 file\(s\) render does not write, e.g. data.csv\)"):
+        client.render("recipes/configs/sft_tiny.yaml").write(other)
+    client.render("recipes/configs/sft_tiny.yaml").write(other, force=True)
+    assert (other / "data.csv").read_text() == "x" and (other / "plan.json").is_file()
+
+
 SHIPPED = sorted((REPO / "recipes" / "configs").glob("*.yaml"))
 
 
