@@ -117,17 +117,22 @@ class Result:
 
 @dataclass(frozen=True)
 class Rendered:
-    """What `render` plans: the plan (plan.json's data) and every file the job would write, by relative path."""
+    """What `render` plans: the plan (plan.json's data) and every file the job would write, by relative path. Of a
+    sweep: `plan` is sweep.json's data (its id, max_parallel, points), `points` each point's own Rendered, and `files`
+    every point's under p<i>/ (and on SLURM job.sbatch: the array job)."""
     plan: dict[str, Any]
     files: dict[str, str]
     _prepared: Any = dataclasses.field(repr=False, compare=False, default=None)
+    points: tuple[Rendered, ...] = ()
 
     def write(self, out: str | os.PathLike[str], *, force: bool = False) -> Path:
         """Write the files to `out` (owner-only), as `orchestrate render --out` does; returns the directory. A
         directory holding another plan, or files render does not write, is refused (ConfigError) unless `force`,
         which removes only render's own files there (orchestrator.renderdir)."""
         from orchestrator import renderdir
-        return renderdir.write(self.files, out, self.plan["job_id"], self.plan["recipe_name"], force=force)
+        plan = self.points[0].plan if self.points else self.plan
+        return renderdir.write(self.files, out, self.plan.get("id") or plan["job_id"], plan["recipe_name"],
+                               force=force)
 
 
 # ------------------------------------------------------------------------------------------- the job
@@ -414,12 +419,50 @@ def _cancel_on_signals(sup):
 def render(job: str | os.PathLike[str] | Mapping[str, Any], *, nodes: int | None = None,
            cluster: str | os.PathLike[str] | None = None, profile: str | None = None,
            overrides: Mapping[str, Any] | Sequence[str] | None = None, procs_per_node: int | None = None,
-           run_dir: str | None = None) -> Rendered:
+           run_dir: str | None = None, grid: Mapping[str, Any] | Sequence[str] | None = None,
+           max_parallel: int | None = None) -> Rendered:
     """The plan and every file the job would write, without writing anything (Rendered.write(dir) writes them).
-    The same validation as submit."""
-    _, prepared = _prepare(job, nodes=nodes, cluster=cluster, profile=profile, overrides=overrides,
-                           procs_per_node=procs_per_node, run_dir=run_dir)
-    return Rendered(plan=json.loads(prepared.plan.to_json()), files=dict(prepared.files), _prepared=prepared)
+    The same validation as submit. A sweep (`grid`: as sweep()'s, or `--sweep` options "KEY=VALUES"; or the job
+    file's `sweep:` block): every point planned, each point's files under p<i>/ with its run dir RUN_DIR/p<i>, on
+    SLURM the array job's script job.sbatch naming them (`sbatch RUN_DIR/job.sbatch` runs the sweep)."""
+    import types
+    path = job_file(job)
+    options, max_parallel, _ = _sweep_options(path, grid, max_parallel, None)
+    if not options:
+        if max_parallel is not None:
+            raise ConfigError(Problem("max_parallel", "only with a sweep (a grid, or a sweep: block in the job file)"))
+        _, prepared = _prepare(path, nodes=nodes, cluster=cluster, profile=profile, overrides=overrides,
+                               procs_per_node=procs_per_node, run_dir=run_dir)
+        return Rendered(plan=json.loads(prepared.plan.to_json()), files=dict(prepared.files), _prepared=prepared)
+    from orchestrator import sweeps
+    args = types.SimpleNamespace(recipe=path, cluster=None if cluster is None else os.fspath(cluster), nodes=nodes,
+                                 procs_per_node=procs_per_node, profile=profile, overrides=dotlist(overrides),
+                                 max_parallel=max_parallel)
+    _, planned, files = sweeps.render(args, options, run_dir)
+    points = tuple(Rendered(plan=json.loads(p.plan.to_json()), files=dict(p.files), _prepared=p)
+                   for *_, p in planned)
+    return Rendered(plan=json.loads(files[sweeps.SWEEP_FILE]), files=files, points=points)
+
+
+def _sweep_options(path: str, grid: Mapping[str, Any] | Sequence[str] | None, max_parallel: int | None,
+                   stop_if_worse: float | None) -> tuple[list[str], int | None, float | None]:
+    """(--sweep options, max_parallel, stop_if_worse) of a sweep: `grid` ({dotted key: values}, or --sweep options)
+    over the job file's `sweep:` block (a key in both: grid's values), the given numbers over the block's."""
+    from orchestrator.core.sweep import block_options, merge_options
+    if grid is None:
+        options: list[str] = []
+    elif isinstance(grid, Mapping):
+        options = block_options(grid)
+    elif isinstance(grid, (list, tuple)) and all(isinstance(o, str) for o in grid):
+        options = list(grid)
+    else:
+        raise ConfigError(Problem("grid", "a mapping of dotted keys to lists of values (or 'KEY=V1,V2' strings)"))
+    file_block = sweep_block(path)
+    if file_block is not None:
+        options = merge_options(block_options(file_block.grid), options)
+        max_parallel = file_block.max_parallel if max_parallel is None else max_parallel
+        stop_if_worse = file_block.stop_if_worse if stop_if_worse is None else stop_if_worse
+    return options, max_parallel, stop_if_worse
 
 
 def jobs(limit: int | None = 20, *, state: str | None = None) -> list[Job]:
@@ -516,18 +559,12 @@ def sweep(job: str | os.PathLike[str] | Mapping[str, Any], grid: Mapping[str, An
     process runs it to the end."""
     import types
     from orchestrator import sweeps
-    from orchestrator.core.sweep import block_options, merge_options
     if not isinstance(grid, Mapping) or not grid:
         raise ConfigError(Problem("grid", "a non-empty mapping of dotted keys to lists of values"))
     if stop_if_worse is not None and not stop_if_worse > 1:
         raise ConfigError(Problem("stop_if_worse", f"must be a number > 1, got {stop_if_worse}"))
     path = job_file(job)
-    options = block_options(grid)
-    file_block = sweep_block(path)
-    if file_block is not None:
-        options = merge_options(block_options(file_block.grid), options)
-        max_parallel = file_block.max_parallel if max_parallel is None else max_parallel
-        stop_if_worse = file_block.stop_if_worse if stop_if_worse is None else stop_if_worse
+    options, max_parallel, stop_if_worse = _sweep_options(path, grid, max_parallel, stop_if_worse)
     overrides_list = dotlist(overrides)
     args = types.SimpleNamespace(recipe=path, cluster=None if cluster is None else os.fspath(cluster), nodes=nodes,
                                  procs_per_node=procs_per_node, profile=profile, overrides=overrides_list,

@@ -25,7 +25,7 @@ from orchestrator.errors import ConfigError, Problem
 
 MANIFEST = "rendered.json"
 # what render writes, where no rendered.json lists it (a render of an older version, or a run dir)
-OWN = re.compile(r"^(p\d+/)?(plan\.json|recipe\.yaml|job\.sbatch|stage\.json|resumed_from\.json|"
+OWN = re.compile(r"^sweep\.json$|^(p\d+/)?(plan\.json|recipe\.yaml|job\.sbatch|stage\.json|resumed_from\.json|"
                  r"nodes/\d+/(accelerate\.yaml|command\.txt))$")
 
 

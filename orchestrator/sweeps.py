@@ -46,6 +46,7 @@ from orchestrator.node.rundir import RunDir
 from orchestrator.store import sweeps_dir
 
 SWEEPS = "sweeps"
+SWEEP_FILE = "sweep.json"  # a rendered sweep's points (render)
 WAITING = ("PENDING", "REQUEUED", "CONFIGURING")  # an array task's SLURM states before it runs (squeue)
 
 
@@ -81,9 +82,11 @@ def _output_override(prepared, point_dir: str) -> str | None:
     return None
 
 
-def plan_points(args, options: list[str]) -> tuple[str, list[tuple[Point, list[str], str, Any]], Any]:
+def plan_points(args, options: list[str], run_dirs: str | None = None
+                ) -> tuple[str, list[tuple[Point, list[str], str, Any]], Any]:
     """(sweep id, [(point, its overrides, its run dir, its Prepared)], the first point's Prepared): every point
-    planned, every problem named (on SLURM also what keeps the points from being one array job)."""
+    planned, every problem named (on SLURM also what keeps the points from being one array job). `run_dirs`: point
+    p<i>'s run dir is RUN_DIRS/p<i> (render: its output directory), else the one a job gets."""
     from orchestrator import api
     points = expand(options)
     sweep_id = getattr(args, "sweep_id", None) or new_sweep_id()  # (a detached runner: the id its submit printed)
@@ -101,7 +104,8 @@ def plan_points(args, options: list[str]) -> tuple[str, list[tuple[Point, list[s
         overrides = list(args.overrides) + list(point.overrides) + [out]
         try:
             prepared = api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
-                                   profile=args.profile, overrides=overrides, job_id=jid)
+                                   profile=args.profile, overrides=overrides, job_id=jid,
+                                   run_dir=str(Path(run_dirs) / f"p{point.index}") if run_dirs else None)
         except ConfigError as e:
             problems += [Problem(f"point p{point.index} ({point.label()}): {p.where}".rstrip(": "), p.message)
                          for p in e.problems]
@@ -124,11 +128,29 @@ def sweep_folder(first, sweep_id: str) -> str:
     return str(Path(first.cluster.slurm.workdir).expanduser() / SWEEPS / sweep_id)
 
 
-def array_script(sweep_id: str, planned, first, parallel: int) -> str:
-    """The sweep's ONE array job script (launchers.slurm.sbatch.render_array_sbatch): SWEEP_DIR/job.sbatch."""
+def array_script(sweep_id: str, planned, first, parallel: int, folder: str | None = None) -> str:
+    """The sweep's ONE array job script (launchers.slurm.sbatch.render_array_sbatch): SWEEP_DIR/job.sbatch (`folder`:
+    another dir, render's output directory)."""
     from launchers.slurm.sbatch import render_array_sbatch
     return render_array_sbatch([(p.plan, p.cluster.slurm) for *_, p in planned], parallel, sweep_id,
-                               sweep_folder(first, sweep_id))
+                               folder or sweep_folder(first, sweep_id))
+
+
+def render(args, options: list[str], out: str) -> tuple[str, list[tuple[Point, list[str], str, Any]], dict[str, str]]:
+    """`render --sweep`: (sweep id, the planned points, every file) of the sweep rendered into directory `out`: each
+    point's files under p<i>/ (its run dir, as planned), sweep.json (which point is which) and on SLURM the array
+    script job.sbatch naming those run dirs, so `sbatch OUT/job.sbatch` runs the sweep (without a runner: no store
+    records, no --stop-if-worse)."""
+    sweep_id, planned, first = plan_points(args, options, run_dirs=out)
+    parallel = check_parallel(args.max_parallel, len(planned))
+    files = {f"p{point.index}/{rel}": text for point, *_, prepared in planned for rel, text in prepared.files.items()}
+    doc = {"id": sweep_id, "job_file": str(args.recipe), "max_parallel": parallel, "options": list(options),
+           "points": [{"index": p.index, "overrides": list(p.overrides), "job_id": point_job_id(sweep_id, p),
+                       "run_dir": rd} for p, _, rd, _ in planned]}
+    files[SWEEP_FILE] = json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    if first.cluster.kind == "slurm":
+        files[RunDir.SBATCH] = array_script(sweep_id, planned, first, parallel, folder=out)
+    return sweep_id, planned, files
 
 
 def _child_argv(args, overrides: list[str], job_id: str, adopt: str | None = None) -> list[str]:

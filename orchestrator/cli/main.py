@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_args(r)
     r.add_argument("--out", "-o", required=True, help="output directory")
     r.add_argument("--json", action="store_true", help="print the plan as JSON instead of the summary")
+    r.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
+                   help="render a grid (as submit --sweep; a sweep: block of the job file too): each point's files "
+                        "under DIR/p<i>/, on SLURM DIR/job.sbatch (the array job: `sbatch DIR/job.sbatch` runs it)")
+    r.add_argument("--max-parallel", type=int, default=None, help="with --sweep: points running at once")
     r.add_argument("--force", action="store_true", help="DIR holds another plan or other files: replace render's own "
                                                         "files there (other files are kept)")
 
@@ -153,8 +157,23 @@ def cmd_render(args) -> int:
     from orchestrator.core.render import summary
     out = Path(args.out).expanduser().resolve()
     rendered = client.render(args.recipe, nodes=args.nodes, cluster=args.cluster, profile=args.profile,
-                             overrides=list(args.overrides), procs_per_node=args.procs_per_node, run_dir=str(out))
+                             overrides=list(args.overrides), procs_per_node=args.procs_per_node, run_dir=str(out),
+                             grid=args.sweep, max_parallel=args.max_parallel)
     rendered.write(out, force=args.force)
+    if rendered.points:
+        doc = rendered.plan
+        if args.json:
+            print(json.dumps(doc, indent=2, sort_keys=True))
+            return 0
+        print(summary(rendered.points[0]._prepared.plan))
+        print(f"sweep {doc['id']} (render): {len(doc['points'])} point(s), every one planned")
+        for pt in doc["points"]:
+            print(f"  p{pt['index']}  {' '.join(pt['overrides'])}")
+        extra = f"; job.sbatch: the array job, at most {doc['max_parallel']} at once (submit it by hand with: " \
+                f"sbatch {out / 'job.sbatch'})" if "job.sbatch" in rendered.files else ""
+        print(f"wrote {len(rendered.files)} files to {out}/ (sweep.json; p<i>/: each point's plan.json, recipe.yaml, "
+              f"nodes/<rank>/...{extra})")
+        return 0
     prepared = rendered._prepared
     if args.json:
         print(prepared.plan.to_json(), end="")

@@ -243,3 +243,33 @@ def test_each_array_task_has_its_own_requeue_budget(slurm_cluster):
     finally:
         subprocess.run(["scancel", array], capture_output=True, timeout=30)
     assert wait_clean(15) == {}, node_namespace_leftovers()
+
+
+def test_a_rendered_sweep_runs_by_hand_with_plain_sbatch(slurm_cluster, tmp_path):
+    """issue #37 item 4: `orchestrate render JOB --sweep ... --out DIR` then a user's own `sbatch DIR/job.sbatch` runs
+    every point (array task i on DIR/p<i>, its own output dir), with no orchestrate process watching."""
+    env = _env(tmp_path, Path("/usr/bin"))
+    out = WORK / f"render-sweep-{time.time_ns()}"
+    r = subprocess.run([*CLI, "render", str(SFT), "--nodes", "2", "--cluster", str(CLUSTER), "--out", str(out),
+                        f"cluster.slurm.python={sys.executable}", f"cluster.slurm.workdir={WORK}",
+                        f"trainer.output_dir={out / 'outputs'}", "trainer.max_steps=3", "--sweep", "trainer.seed=1,2"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    sb = subprocess.run(["sbatch", "--parsable", str(out / "job.sbatch")], capture_output=True, text=True, cwd="/",
+                        timeout=60)
+    assert sb.returncode == 0, sb.stderr
+    array = sb.stdout.strip().split(";")[0]
+    try:
+        rows = wait_until(lambda: (lambda r: r if len(r) == 2 and all(x["end"] not in ("", "Unknown") for x in r)
+                                   else None)(_sacct(array)), 300, 1.0, "the array's 2 tasks to end")
+        assert {x["state"] for x in rows} == {"COMPLETED"}, (rows, [p.read_text()[-2000:] for p in
+                                                                 out.glob("slurm-*.out")])
+        doc = json.loads((out / "sweep.json").read_text())
+        for i, pt in enumerate(doc["points"]):
+            log = (out / f"p{i}" / "logs" / "node0.log").read_text()
+            res = json.loads(log.split("ORCHESTRATE_RESULT ")[-1].splitlines()[0])
+            assert res["global_step"] == 3 and res["world_size"] == 2, res
+            assert res["output_dir"] == str(out / "outputs" / pt["job_id"]), res
+    finally:
+        subprocess.run(["scancel", array], capture_output=True, timeout=30)
+    assert wait_clean(15) == {}, node_namespace_leftovers()

@@ -94,3 +94,29 @@ def test_the_sweep_grammar_takes_lists_ranges_and_spacings_and_a_bad_one_names_t
         with pytest.raises(ConfigError) as e:
             expand([bad])
         assert GRAMMAR in str(e.value) and "trainer" not in str(e.value)
+
+
+def test_render_of_a_sweep_writes_every_point_and_the_array_script_naming_them(tmp_path):
+    """issue #37 item 4: `render` of a sweep (a sweep: block, --sweep) writes each point's files under DIR/p<i>/ (its
+    run dir) and on SLURM DIR/job.sbatch, the array job whose run dirs are those (a hand sbatch of it runs the sweep:
+    tests/slurm/test_slurm_sweep.py)."""
+    import json
+
+    from helpers import REPO, cli
+    job = tmp_path / "job.yaml"
+    job.write_text((REPO / "recipes/configs/sft_tiny.yaml").read_text() + "\nsweep:\n  grid: {trainer.seed: [1, 2]}\n")
+    out = tmp_path / "plan"
+    r = cli("render", job, "--nodes", "2", "--out", out, "--cluster", REPO / "cluster_configs/slurm_example.yaml",
+            "--max-parallel", "1", cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "sweep.json").read_text())
+    assert [p["overrides"] for p in doc["points"]] == [["trainer.seed=1"], ["trainer.seed=2"]], doc
+    for i in (0, 1):
+        plan = json.loads((out / f"p{i}" / "plan.json").read_text())
+        assert plan["run_dir"] == str(out / f"p{i}") and plan["job_id"] == f"{doc['id']}-p{i}"
+        assert (out / f"p{i}" / "nodes" / "1" / "command.txt").is_file()
+    script = (out / "job.sbatch").read_text()
+    assert "#SBATCH --array=0-1%1" in script and f"RUN_DIRS=(\n    {out}/p0\n    {out}/p1\n)" in script, script
+    assert f"sbatch {out}/job.sbatch" in r.stdout
+    r = cli("render", "recipes/configs/sft_tiny.yaml", "--out", tmp_path / "x", "--max-parallel", "2", cwd=REPO)
+    assert r.returncode == 2 and "max_parallel: only with a sweep" in r.stderr, r.stderr
