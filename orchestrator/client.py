@@ -542,10 +542,52 @@ class Sweep:
                     OrchestratorError(f"sweep {self.id}: point {bad['point']} did not start: {bad.get('not_started')}")
         return rows
 
+    def logs(self, rank: int | None = None, follow: bool = False, *, node: int | None = None,
+             grep: str | None = None) -> Iterator[str]:
+        """Every point's output lines as Job.logs gives them (the same `rank`, `node`, `grep`), each prefixed
+        `[p<i>]` as the sweep's runner prints them; point by point, or with `follow` as they come until the runner is
+        done and every point has ended."""
+        from orchestrator import records
+        from orchestrator.cli.logtail import LogTail
+        from orchestrator.store import JobStore
+        tails: dict[int, LogTail] = {}
+        asked = time.monotonic()
+        while True:
+            done = not follow or not self.running()
+            ask = follow and time.monotonic() - asked > RECONCILE_S  # nobody may supervise a point any more
+            asked = time.monotonic() if ask else asked
+            store = JobStore()
+            for pt in self.points:
+                rec = store.get(pt["job_id"])
+                if rec is None:  # not started (yet: while the runner runs, `done` is False anyway)
+                    continue
+                if ask and not is_terminal(rec.state):
+                    rec = records.reconcile(rec)[0]
+                done = done and is_terminal(rec.state)
+                tail = tails.setdefault(pt["index"], LogTail(rec.run_dir, node=node, rank=rank, grep=grep))
+                for line in tail.lines():
+                    yield f"[p{pt['index']}] {line}"
+            if done:
+                return
+            time.sleep(POLL_S)
+
     def cancel(self) -> dict[str, str]:
         """Stop the sweep: no more points start, the running ones are cancelled. Returns {job id: final state}."""
         from orchestrator import sweeps
         return sweeps.cancel(self.doc())
+
+
+def find(id: str) -> Job | Sweep:
+    """The job (by id or a unique prefix) or the sweep (by id) that `id` names, as `status`, `logs`, `attach`, `plot`
+    and `cancel` take either; ConfigError "no job or sweep ID" when there is neither."""
+    from orchestrator.store import JobStore
+    from orchestrator.sweeps import read_sweep
+    if id.startswith("sweep-") and "/" not in id and read_sweep(id) is not None:
+        return Sweep(id)
+    rec = JobStore().get(id)
+    if rec is None:
+        raise ConfigError(f"no job or sweep {id!r} (see `orchestrate ls`)")
+    return Job(rec.id)
 
 
 def sweep(job: str | os.PathLike[str] | Mapping[str, Any], grid: Mapping[str, Any], *,

@@ -88,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("ls", help="recent jobs (state, nodes, step, age, root cause)")
     ls.add_argument("--limit", type=int, default=20)
-    st = sub.add_parser("status", help="one job per node and rank: host, step, loss, heartbeat age, exit code")
-    st.add_argument("job", help="job id (a unique prefix is enough)")
+    st = sub.add_parser("status", help="one job per node and rank: host, step, loss, heartbeat age, exit code; of a "
+                                       "sweep: its table (as `sweep SWEEP_ID`)")
+    st.add_argument("job", help="job id (a unique prefix is enough), or a sweep id")
     for view in (ls, st):
         view.add_argument("--json", action="store_true", help="machine-readable output (unchanged by --color)")
         _add_color(view, "rich tables with coloured states", "the plain aligned text that pipes get")
@@ -98,8 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("job", help="job id (a unique prefix is enough), or a sweep id")
     at.add_argument("--quiet", "-q", action="store_true", help="progress only, no node output")
     _add_color(at, "rich progress bar", "plain `progress:` lines")
-    lg = sub.add_parser("logs", help="a job's logs, merged and prefixed by node and rank ([host nodeR rankG])")
-    lg.add_argument("job")
+    lg = sub.add_parser("logs", help="a job's logs, merged and prefixed by node and rank ([host nodeR rankG]); of a "
+                                     "sweep: every point's, each line prefixed [p<i>]")
+    lg.add_argument("job", help="job id (a unique prefix is enough), or a sweep id")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     who = lg.add_mutually_exclusive_group()
     who.add_argument("--node", type=int, default=None, help="only this node")
@@ -362,8 +364,8 @@ def _supervisor_signals(sup, run_dir: str) -> None:
 
 
 def _record(job: str):
-    from orchestrator import records
-    return records._record(job)
+    from orchestrator import client, records
+    return records._record(client.find(job).id)  # (unknown: "no job or sweep ID")
 
 
 def cmd_ls(args) -> int:
@@ -385,7 +387,10 @@ def cmd_ls(args) -> int:
 def cmd_status(args) -> int:
     from orchestrator import client
     from orchestrator.cli.views import SHOWN
-    st = client.status_data(args.job)
+    target = client.find(args.job)
+    if isinstance(target, client.Sweep):  # its table, as `orchestrate sweep SWEEP_ID`
+        return _show_sweep(target, args.json)
+    st = client.status_data(target.id)
     if args.json:  # a big job's on one line: the indenting encoder is pure Python (0.5 s for 8,192 ranks)
         print(json.dumps(st, indent=2 if len(st["ranks"]) <= SHOWN else None, sort_keys=True))
     else:
@@ -395,8 +400,8 @@ def cmd_status(args) -> int:
 
 
 def cmd_logs(args) -> int:
-    from orchestrator.client import Job
-    for line in Job.attach(args.job).logs(args.rank, args.follow, node=args.node, grep=args.grep):
+    from orchestrator.client import find
+    for line in find(args.job).logs(args.rank, args.follow, node=args.node, grep=args.grep):
         print(line, flush=True)
     return 0
 
@@ -512,11 +517,14 @@ def _submit_sweep(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from orchestrator import sweeps
     from orchestrator.client import Sweep
-    sw = Sweep.attach(args.sweep_id)
+    return _show_sweep(Sweep.attach(args.sweep_id), args.json)
+
+
+def _show_sweep(sw, as_json: bool) -> int:
+    from orchestrator import sweeps
     doc, rows = sw.doc(), sw.table()
-    if args.json:
+    if as_json:
         print(json.dumps({"id": doc["id"], "max_parallel": doc.get("max_parallel"), "points": rows}, indent=2))
     else:
         print(sweeps.sweep_text(doc, rows))

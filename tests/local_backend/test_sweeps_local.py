@@ -6,6 +6,7 @@ own start and end records), the table sorted by final loss; a point that diverge
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -157,6 +158,9 @@ def test_a_detached_sweep_from_the_job_files_sweep_block_runs_on_and_attach_foll
     job_guard.proc(int(doc["runner_pid"]))
     assert [pt["overrides"] for pt in doc["points"]] == [["trainer.seed=1"], ["trainer.seed=2"]]
     returned = time.monotonic() - t0
+    follow = job_guard.proc(subprocess.Popen(  # `logs -f SWEEP_ID` from the start, while attach follows the runner
+        [PYTHON, "-m", "orchestrator.cli", "logs", sid, "-f"], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env={**os.environ, **OFFLINE_ENV, **env, "ORCHESTRATE_HOME": str(home)}))
     a = cli("attach", sid, env=env, timeout=600)
     assert a.returncode == 0, a.stdout[-3000:] + a.stderr
     assert f"attached to sweep {sid}" in a.stdout and "[p0]" in a.stdout and "[p1]" in a.stdout, a.stdout[-3000:]
@@ -165,3 +169,14 @@ def test_a_detached_sweep_from_the_job_files_sweep_block_runs_on_and_attach_foll
     assert returned < time.monotonic() - t0 - 10, (returned, time.monotonic() - t0)  # submit did not wait for it
     states = {r["point"]: r["state"] for r in json.loads(cli("sweep", sid, "--json", env=env).stdout)["points"]}
     assert states == {"p0": "COMPLETED", "p1": "COMPLETED"}, states
+    # `logs -f SWEEP_ID` followed every point to the end, each line prefixed [p<i>] (issue #37 item 9) ...
+    lines = follow.communicate(timeout=60)[0].splitlines()
+    assert follow.returncode == 0, lines[-20:]
+    for i in (0, 1):
+        assert any(ln.startswith(f"[p{i}] [") and "rank1]" in ln for ln in lines), lines[-20:]
+    # ... and `status SWEEP_ID` is the sweep's table, `logs SWEEP_ID --rank R` each point's rank R
+    st = json.loads(cli("status", sid, "--json", env=env).stdout)
+    assert {r["point"]: r["state"] for r in st["points"]} == states, st
+    assert cli("status", sid, env=env).stdout.splitlines()[1].split()[:2] == ["POINT", "STATE"]
+    ranks = cli("logs", sid, "--rank", "1", env=env).stdout.splitlines()
+    assert ranks and all(re.match(r"\[p[01]\] \[\S+ node1 rank1\]", ln) for ln in ranks), ranks[:5]

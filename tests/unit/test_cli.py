@@ -142,6 +142,14 @@ def test_render_never_mixes_two_plans_in_one_directory(tmp_path):
     assert (other / "data.csv").read_text() == "x" and (other / "plan.json").is_file()
 
 
+def test_an_unknown_id_is_no_job_or_sweep(tmp_path):
+    """issue #37 item 9: every command that takes a job or a sweep id says so in one line (exit 2)."""
+    for command in ("status", "logs", "attach", "plot", "cancel"):
+        r = run(command, "sweep-nope", env={"ORCHESTRATE_HOME": str(tmp_path)})
+        assert r.returncode == 2 and r.stderr == "orchestrate: error: no job or sweep 'sweep-nope' (see `orchestrate " \
+            "ls`)\n", (command, r.stderr)
+
+
 SHIPPED = sorted((REPO / "recipes" / "configs").glob("*.yaml"))
 
 
