@@ -85,10 +85,38 @@ def gpu_facts(recipe, cluster: ClusterSpec, accelerator: str) -> tuple[dict[str,
         from orchestrator.node import gpus
         count = gpus.count_visible()
         return ({"localhost": count} if count is not None else None), busy_local_gpus()
-    if (cluster.kind == "ssh" and cluster.ssh is not None and cluster.ssh.gpus_per_node is None
-            and recipe.launch.procs_per_node == "auto" and recipe.launch.nodes <= len(cluster.ssh.hosts)):
+    if _asks_gpu_counts(recipe, cluster):
+        assert cluster.ssh is not None
         return ssh_gpu_counts(cluster, list(cluster.ssh.hosts[:recipe.launch.nodes])), ()
     return None, ()
+
+
+def _asks_gpu_counts(recipe, cluster: ClusterSpec) -> bool:
+    """The plan needs the SSH hosts' GPU counts (procs_per_node auto, ssh.gpus_per_node not given)."""
+    return (cluster.kind == "ssh" and cluster.ssh is not None and cluster.ssh.gpus_per_node is None
+            and recipe.launch.procs_per_node == "auto" and recipe.launch.nodes <= len(cluster.ssh.hosts))
+
+
+def _asks_runtime(recipe, cluster: ClusterSpec) -> bool:
+    """The plan needs the container runtimes the SSH hosts have (container.runtime auto)."""
+    spec = getattr(recipe, "container", None)
+    return cluster.kind == "ssh" and spec is not None and bool(spec.image) and spec.runtime == "auto"
+
+
+def unasked_facts(recipe, cluster: ClusterSpec, accelerator: str) -> list[Problem]:
+    """What a plan would have to ask the hosts (over SSH) and a dry run does not (`render`, `submit --dry-run`
+    without --probe): each fact named with how to give it instead."""
+    problems = []
+    if accelerator == "gpu" and _asks_gpu_counts(recipe, cluster):
+        problems.append(Problem("ssh.gpus_per_node", "launch.procs_per_node auto needs each host's GPU count, which "
+                                                     "a dry run does not ask the hosts: give ssh.gpus_per_node in the "
+                                                     "cluster file (or launch.procs_per_node), or add --probe to ask "
+                                                     "them"))
+    if _asks_runtime(recipe, cluster):
+        problems.append(Problem("container.runtime", "auto needs the runtimes the hosts have, which a dry run does "
+                                                     "not ask them: name the runtime (podman, docker, apptainer, "
+                                                     "enroot), or add --probe to ask them"))
+    return problems
 
 
 def busy_local_gpus() -> tuple[int, ...]:
@@ -147,7 +175,7 @@ def container_runtime(recipe, cluster: ClusterSpec) -> str | None:
     if spec is None or not spec.image or spec.runtime != "auto":
         return None
     order = AUTO_ORDER.get(cluster.kind, AUTO_ORDER["local"])
-    if cluster.kind == "ssh" and cluster.ssh is not None:
+    if _asks_runtime(recipe, cluster) and cluster.ssh is not None:
         return ssh_container_runtime(cluster, list(cluster.ssh.hosts[:recipe.launch.nodes]), order)
     for runtime in order:
         if runtime == "pyxis":
@@ -378,19 +406,22 @@ def _python_for(cluster: ClusterSpec) -> str:
 def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | None = None,
             procs_per_node: int | None = None, profile: str | None = None, overrides: list[str] | None = None,
             cwd: Path | None = None, job_id: str | None = None, check_trainer: bool = True,
-            run_dir: str | None = None, exclude: tuple[str, ...] = (), judge_checkpoints: bool = True) -> Prepared:
+            run_dir: str | None = None, exclude: tuple[str, ...] = (), judge_checkpoints: bool = True,
+            probe: bool = True) -> Prepared:
     """Everything `render` shows and `submit` runs, without writing anything. `run_dir` overrides where the
     run dir is (render: the output directory, so a rendered job.sbatch can be submitted by hand from it).
     `exclude`: hosts the job must not use (bad hosts taken out by the restart policy: SSH plans with the hosts left,
     SLURM submits with --exclude). `judge_checkpoints`: whether a new job may take up the checkpoints in its output
     dir (`check_resume`); False for a re-plan of a running job and for a sweep's base plan (its points get output
-    dirs of their own, each judged)."""
+    dirs of their own, each judged). `probe`: the plan may ask the SSH hosts what it needs (GPU counts, container
+    runtimes); False (a dry run): nothing touches the network, a fact that needs the hosts is a ConfigError naming it
+    and how to give it (unasked_facts)."""
     from orchestrator.core.spec import RunJobSpec, fields_key, without_hosts
     from orchestrator.trlfields import trainer_defaults, trl_commands
     cwd = Path(cwd or os.getcwd())
     inputs = dict(recipe_path=recipe_path, cluster_path=cluster_path, nodes=nodes, procs_per_node=procs_per_node,
                   profile=profile, overrides=list(overrides or []), cwd=cwd, check_trainer=check_trainer,
-                  run_dir=run_dir, exclude=tuple(exclude))
+                  run_dir=run_dir, exclude=tuple(exclude), probe=probe)
     flags = {"nodes": nodes, "procs_per_node": procs_per_node, "profile": profile}
     recipe, cluster = load(recipe_path, cluster_path, flags=flags, overrides=overrides,
                            trainer_fields=trainer_fields if check_trainer else None, trl_commands=trl_commands)
@@ -413,6 +444,9 @@ def prepare(recipe_path: str, cluster_path: str | None = None, *, nodes: int | N
     resumed_from = check_resume(recipe, cluster, output_dir, job_id) if judge_checkpoints else None
     host_recipe, stage_files, rank_cwd, package = _staging(recipe, cluster, cwd, output_dir)
     accelerator = detect_accelerator(cluster)
+    unasked = [] if probe else unasked_facts(recipe, cluster, accelerator)
+    if unasked:
+        raise ConfigError(unasked, source=cluster.source)
     inventory, busy = gpu_facts(recipe, cluster, accelerator)
     facts = PlanFacts(job_id=job_id, run_dir=run_dir or _run_dir_for(cluster, job_id), output_dir=output_dir,
                       python=_python_for(cluster), port=port, accelerator=accelerator,

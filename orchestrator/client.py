@@ -353,12 +353,13 @@ def dotlist(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
                                            "(or a list of 'key=value' strings)"))
 
 
-def _prepare(job, *, nodes=None, cluster=None, profile=None, overrides=None, procs_per_node=None, run_dir=None):
+def _prepare(job, *, nodes=None, cluster=None, profile=None, overrides=None, procs_per_node=None, run_dir=None,
+             probe=True):
     from orchestrator import api
     path = job_file(job)
     return path, api.prepare(path, None if cluster is None else os.fspath(cluster), nodes=nodes,
                              procs_per_node=procs_per_node, profile=profile, overrides=dotlist(overrides),
-                             run_dir=run_dir)
+                             run_dir=run_dir, probe=probe)
 
 
 def _flags(path: str, overrides: list[str], nodes, cluster, profile, procs_per_node) -> list[str]:
@@ -420,11 +421,13 @@ def render(job: str | os.PathLike[str] | Mapping[str, Any], *, nodes: int | None
            cluster: str | os.PathLike[str] | None = None, profile: str | None = None,
            overrides: Mapping[str, Any] | Sequence[str] | None = None, procs_per_node: int | None = None,
            run_dir: str | None = None, grid: Mapping[str, Any] | Sequence[str] | None = None,
-           max_parallel: int | None = None) -> Rendered:
+           max_parallel: int | None = None, probe: bool = False) -> Rendered:
     """The plan and every file the job would write, without writing anything (Rendered.write(dir) writes them).
     The same validation as submit. A sweep (`grid`: as sweep()'s, or `--sweep` options "KEY=VALUES"; or the job
     file's `sweep:` block): every point planned, each point's files under p<i>/ with its run dir RUN_DIR/p<i>, on
-    SLURM the array job's script job.sbatch naming them (`sbatch RUN_DIR/job.sbatch` runs the sweep)."""
+    SLURM the array job's script job.sbatch naming them (`sbatch RUN_DIR/job.sbatch` runs the sweep). Nothing touches
+    the network: a fact only the SSH hosts know (their GPU counts, container runtimes) is a ConfigError naming it and
+    how to give it, unless `probe` (then the hosts are asked, as submit does)."""
     import types
     path = job_file(job)
     options, max_parallel, _ = _sweep_options(path, grid, max_parallel, None)
@@ -432,12 +435,12 @@ def render(job: str | os.PathLike[str] | Mapping[str, Any], *, nodes: int | None
         if max_parallel is not None:
             raise ConfigError(Problem("max_parallel", "only with a sweep (a grid, or a sweep: block in the job file)"))
         _, prepared = _prepare(path, nodes=nodes, cluster=cluster, profile=profile, overrides=overrides,
-                               procs_per_node=procs_per_node, run_dir=run_dir)
+                               procs_per_node=procs_per_node, run_dir=run_dir, probe=probe)
         return Rendered(plan=json.loads(prepared.plan.to_json()), files=dict(prepared.files), _prepared=prepared)
     from orchestrator import sweeps
     args = types.SimpleNamespace(recipe=path, cluster=None if cluster is None else os.fspath(cluster), nodes=nodes,
                                  procs_per_node=procs_per_node, profile=profile, overrides=dotlist(overrides),
-                                 max_parallel=max_parallel)
+                                 max_parallel=max_parallel, dry_run=True, probe=probe)
     _, planned, files = sweeps.render(args, options, run_dir)
     points = tuple(Rendered(plan=json.loads(p.plan.to_json()), files=dict(p.files), _prepared=p)
                    for *_, p in planned)

@@ -90,8 +90,9 @@ def plan_points(args, options: list[str], run_dirs: str | None = None
     from orchestrator import api
     points = expand(options)
     sweep_id = getattr(args, "sweep_id", None) or new_sweep_id()  # (a detached runner: the id its submit printed)
+    probe = not getattr(args, "dry_run", False) or getattr(args, "probe", False)  # (a dry run asks no host)
     base = api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
-                       profile=args.profile, overrides=list(args.overrides), job_id=sweep_id,
+                       profile=args.profile, overrides=list(args.overrides), job_id=sweep_id, probe=probe,
                        judge_checkpoints=False)  # (only its output dir is used: each point's own is judged)
     planned, problems, first = [], [], None
     for point in points:
@@ -104,7 +105,7 @@ def plan_points(args, options: list[str], run_dirs: str | None = None
         overrides = list(args.overrides) + list(point.overrides) + [out]
         try:
             prepared = api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
-                                   profile=args.profile, overrides=overrides, job_id=jid,
+                                   profile=args.profile, overrides=overrides, job_id=jid, probe=probe,
                                    run_dir=str(Path(run_dirs) / f"p{point.index}") if run_dirs else None)
         except ConfigError as e:
             problems += [Problem(f"point p{point.index} ({point.label()}): {p.where}".rstrip(": "), p.message)

@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", "-q", action="store_true", help="do not stream node output (progress only)")
     _add_color(s, "with --quiet, a rich progress bar", "plain `progress:` lines")
     s.add_argument("--dry-run", action="store_true", help="print the plan and stop (like render, without files)")
+    s.add_argument("--probe", action="store_true", help="with --dry-run: ask the SSH hosts what the plan needs "
+                                                        "(GPU counts, container runtimes; a dry run asks nothing)")
     s.add_argument("--detach", "-d", action="store_true", help="validate, start a background supervisor that runs "
                    "and monitors the job (a sweep: its runner), print its id and return (then: orchestrate attach "
                    "JOB or SWEEP_ID)")
@@ -83,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="render a grid (as submit --sweep; a sweep: block of the job file too): each point's files "
                         "under DIR/p<i>/, on SLURM DIR/job.sbatch (the array job: `sbatch DIR/job.sbatch` runs it)")
     r.add_argument("--max-parallel", type=int, default=None, help="with --sweep: points running at once")
+    r.add_argument("--probe", action="store_true", help="ask the SSH hosts what the plan needs (GPU counts, "
+                                                        "container runtimes); without it render touches no network")
     r.add_argument("--force", action="store_true", help="DIR holds another plan or other files: replace render's own "
                                                         "files there (other files are kept)")
 
@@ -143,7 +147,7 @@ def _prepare(args, run_dir: str | None = None):
     from orchestrator import api
     return api.prepare(args.recipe, args.cluster, nodes=args.nodes, procs_per_node=args.procs_per_node,
                        profile=args.profile, overrides=args.overrides, run_dir=run_dir,
-                       job_id=getattr(args, "job_id", None),
+                       job_id=getattr(args, "job_id", None), probe=not args.dry_run or args.probe,
                        judge_checkpoints=not getattr(args, "adopt", None))  # (adopted: it may be saving already)
 
 
@@ -160,7 +164,7 @@ def cmd_render(args) -> int:
     out = Path(args.out).expanduser().resolve()
     rendered = client.render(args.recipe, nodes=args.nodes, cluster=args.cluster, profile=args.profile,
                              overrides=list(args.overrides), procs_per_node=args.procs_per_node, run_dir=str(out),
-                             grid=args.sweep, max_parallel=args.max_parallel)
+                             grid=args.sweep, max_parallel=args.max_parallel, probe=args.probe)
     rendered.write(out, force=args.force)
     if rendered.points:
         doc = rendered.plan

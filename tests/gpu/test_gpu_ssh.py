@@ -58,6 +58,14 @@ def test_auto_asks_every_host_for_its_gpus(gpu_testbed, gpu_hosts, home):
     _, path = gpu_hosts({a: 8, b: 8})
     prep = api.prepare(RECIPE, str(path), nodes=2, overrides=["launch.procs_per_node=auto"], cwd=REPO)
     assert (prep.plan.procs_per_node, prep.plan.world_size, prep.plan.gpus_per_node) == (8, 16, 8)
+    # a dry run asks no host unless --probe (issue #37 item 6): without it the missing fact is named, with it the
+    # hosts are asked (8 GPUs each, from their nvidia-smi)
+    from helpers import cli
+    dry = cli("render", RECIPE, "--nodes", "2", "--cluster", path, "--out", home / "plan", cwd=REPO)
+    assert dry.returncode == 2 and "ssh.gpus_per_node: launch.procs_per_node auto needs each host's GPU count, " \
+        "which a dry run does not ask the hosts" in dry.stderr, dry.stderr
+    probed = cli("render", RECIPE, "--nodes", "2", "--cluster", path, "--out", home / "plan", "--probe", cwd=REPO)
+    assert probed.returncode == 0 and "world      2 node(s) x 8 process(es) = 16" in probed.stdout, probed.stderr
     _, path = gpu_hosts({a: 8, b: 2})
     with pytest.raises(ConfigError) as e:
         api.prepare(RECIPE, str(path), nodes=2, overrides=["launch.procs_per_node=auto"], cwd=REPO)

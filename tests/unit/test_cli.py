@@ -150,6 +150,32 @@ def test_an_unknown_id_is_no_job_or_sweep(tmp_path):
             "ls`)\n", (command, r.stderr)
 
 
+def test_a_dry_run_asks_no_host_and_names_the_facts_it_lacks(tmp_path):
+    """issue #37 item 6: render / submit --dry-run of an SSH GPU cluster whose plan needs the hosts' GPU counts and
+    container runtimes connects to no host (the one host is a socket of this test's, with a real key: any connection
+    attempt would wait there) and names each fact and how to give it, in one line, exit 2."""
+    import socket
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        cluster = tmp_path / "c.yaml"
+        cluster.write_text(f"kind: ssh\naccelerator: gpu\nssh:\n  hosts: [127.0.0.1]\n  port: {srv.getsockname()[1]}\n"
+                           f"  key: {tmp_path / 'key'}\n  known_hosts: {tmp_path / 'known_hosts'}\n"
+                           "  strict_host_keys: false\n  connect_timeout: 2\n")
+        for argv in (["render", "--out", tmp_path / "o"], ["submit", "--dry-run"]):
+            r = run(argv[0], "recipes/configs/sft_tiny.yaml", "--cluster", cluster, *argv[1:],
+                    "container.image=docker.io/library/python:3.12", env={"ORCHESTRATE_HOME": str(tmp_path / "h")})
+            assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+            assert ("ssh.gpus_per_node: launch.procs_per_node auto needs each host's GPU count, which a dry run does "
+                    "not ask the hosts: give ssh.gpus_per_node in the cluster file") in r.stderr, r.stderr
+            assert "container.runtime: auto needs the runtimes the hosts have" in r.stderr and "--probe" in r.stderr
+        srv.settimeout(0.2)
+        with pytest.raises(socket.timeout):
+            srv.accept()  # nobody knocked
+    assert not (tmp_path / "o").exists()
+
+
 SHIPPED = sorted((REPO / "recipes" / "configs").glob("*.yaml"))
 
 
