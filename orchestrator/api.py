@@ -30,9 +30,8 @@ from orchestrator.core.resume import KEYWORDS as RESUME_KEYWORDS
 from orchestrator.core.schema import PROFILES
 from orchestrator.core.spec import ClusterSpec, RecipeSpec, load
 from orchestrator.trlfields import trainer_fields
+from orchestrator import resources
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PROFILE_DIR = REPO_ROOT / "cluster_configs" / "profiles"
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow", ".txt")
 
 
@@ -135,7 +134,7 @@ def ssh_gpu_counts(cluster: ClusterSpec, hosts: list[str]) -> dict[str, int]:
 def package_root() -> str:
     """Where this machine's node package lives: the directory holding `orchestrator` and `recipes` (a container mounts
     those two, never the rest of a site-packages)."""
-    return str(REPO_ROOT)
+    return str(resources.package_root())
 
 
 def container_runtime(recipe, cluster: ClusterSpec) -> str | None:
@@ -256,6 +255,7 @@ def resolve_paths(recipe, cwd: Path):
         return replace(recipe, run=run, checkpoint=ckpt, output_dir=output_dir)
     data_paths = []
     for i, p in enumerate(recipe.data.path):
+        p = resources.given_or_shipped(p, cwd)  # recipes/data/...: the shipped file unless the directory has one
         if _looks_like_path(p) or (cwd / p).exists():
             full = (cwd / Path(p).expanduser()).resolve()
             if not full.exists():
@@ -331,7 +331,7 @@ def load_profile(recipe: RecipeSpec, cwd: Path) -> tuple[str, dict[str, Any]]:
     import yaml
     profile = recipe.launch.profile
     if profile in PROFILES:
-        path = PROFILE_DIR / f"{profile}.yaml"
+        path = resources.profile_path(profile)
         name = profile
     elif profile.endswith((".yaml", ".yml")) or "/" in profile:
         path = (cwd / Path(profile).expanduser()).resolve()

@@ -75,6 +75,7 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
     sup = supervisor or Supervisor(plan)
     sup.on_line, sup.on_beat = on_line or sup.on_line, on_beat or sup.on_beat
     notifier = _notifier(prepared, rd, sup, on_event)
+    sup.notifies = notifier is not None
 
     def emit(kind: str, data: dict) -> None:
         if notifier is not None and kind == "running" and data.get("attempt") == 0:

@@ -17,7 +17,9 @@ submitit path): every point's run dir and record are written first (PENDING), th
 allocation of its own, at most P at once (SLURM's own throttle), each with its own requeue budget. The runner then
 watches the array (squeue) and, as each task leaves PENDING, starts that point's supervisor: `orchestrate submit ...
 --job-id <sweep id>-p<i> --adopt slurm://<array>_<i>`, the same submit as above except that it watches the task
-instead of submitting one. Cancelling the sweep scancels the whole array (tasks not started included).
+instead of submitting one. Cancelling the sweep scancels the whole array (tasks not started included). A hang-up
+(SIGHUP) of an attached SLURM sweep cancels nothing: the runner's output moves to log_path and `attach SWEEP_ID`
+follows it, as a single SLURM job runs on in its allocation.
 """
 
 from __future__ import annotations
@@ -150,6 +152,7 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
     from orchestrator import running
     from orchestrator.store import JobStore
     from orchestrator.types import is_terminal
+    say = _quiet_when_gone(say)
     sweep_id, planned, first = plan_points(args, options)
     parallel = check_parallel(args.max_parallel, len(planned))
     slurm = first.cluster.kind == "slurm"
@@ -170,7 +173,14 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
     codes: dict[int, int] = {}
     lock = threading.Lock()
 
-    def stop(_sig=None, _frame=None) -> None:
+    hung_up = threading.Event()
+
+    def stop(sig=None, _frame=None) -> None:
+        if sig == signal.SIGHUP and slurm:  # the terminal went away: the array runs on, as a SLURM job does
+            if not hung_up.is_set():
+                _output_to(log_path(sweep_id))  # (from now on: `attach SWEEP_ID` follows it there)
+            hung_up.set()
+            return
         cancel.set()
         if doc.get("slurm_array"):
             threading.Thread(target=_scancel_array, args=(first.cluster, doc["slurm_array"]), daemon=True).start()
@@ -215,6 +225,11 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
             if cancel.is_set():  # (asked while sbatch answered)
                 _scancel_array(first.cluster, array)
         while (pending or procs) and not (cancel.is_set() and not procs):
+            if hung_up.is_set() and doc.get("hung_up") is None:
+                doc["hung_up"] = time.time()
+                _write_sweep(doc)
+                say(f"sweep {sweep_id}: the submitting terminal hung up (SIGHUP): the array keeps running and this "
+                    f"runner follows it; its output goes on here (orchestrate attach {sweep_id})")
             with lock:
                 for i, p in list(procs.items()):
                     if p.poll() is not None:
@@ -270,6 +285,25 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
     if cancel.is_set():
         return 130
     return 0 if all(r["state"] == "COMPLETED" or r.get("stopped_early") for r in states) else 1
+
+
+def _quiet_when_gone(say: Callable[[str], None]) -> Callable[[str], None]:
+    """`say`, but a write to a terminal that hung up (EIO) or a closed pipe loses the line instead of the runner."""
+    def safe(line: str) -> None:
+        try:
+            say(line)
+        except OSError:
+            pass
+    return safe
+
+
+def _output_to(log: Path) -> None:
+    """This process's stdout and stderr from now on: appended to `log` (a SLURM sweep whose terminal hung up).
+    Called from a signal handler: file descriptors only, no buffered I/O."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _scancel_array(cluster, array: str) -> None:

@@ -64,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--adopt", default=None, help=argparse.SUPPRESS)  # (a SLURM sweep's point: its array task's handle)
     s.add_argument("--sweep-id", default=None, help=argparse.SUPPRESS)  # (a detached sweep's runner)
     s.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
-                   help="run a grid: one job per combination of the values (repeat for more keys); every point is "
-                        "planned first, then run at most --max-parallel at once (on SLURM: one --array job)")
+                   help="run a grid: one job per combination of the values (repeat for more keys); VALUES: a,b,c | "
+                        "[a,b,c] | 1..4[:STEP] | log:LO:HI:N | lin:LO:HI:N; every point is planned first, then run "
+                        "at most --max-parallel at once (on SLURM: one --array job)")
     s.add_argument("--max-parallel", type=int, default=None, help="with --sweep: points running at once (default all)")
     s.add_argument("--stop-if-worse", type=float, default=None, metavar="X",
                    help="with --sweep: cancel a point whose loss is NaN or above X times the best point's at the same "
@@ -286,10 +287,13 @@ def _quiet(fds: tuple[int, ...] = (1, 2)) -> None:
 
 def _output_gone(sup, what: str, fds: tuple[int, ...] = (1, 2)) -> None:
     """Whoever watched the submit is gone: `fds` to /dev/null, then on SLURM stop watching (the job runs on in its
-    allocation, its node agents judge hangs there, as sbatch would have left it; status / ls ask SLURM), elsewhere
-    cancel (nothing runs on without the submitter)."""
+    allocation, its node agents judge hangs there, as sbatch would have left it; status / ls ask SLURM) unless the job
+    has notifications to send (this process sends them: it watches on, quietly, to the end), elsewhere cancel
+    (nothing runs on without the submitter)."""
     _quiet(fds)
     if sup.plan.cluster_kind == "slurm":
+        if sup.notifies:
+            return
         sup.request_detach(f"{what}: the job runs on under SLURM; `orchestrate status` asks SLURM")
     else:
         sup.request_cancel(what)

@@ -384,6 +384,42 @@ def test_cli_job_outlives_its_submitting_terminal(slurm_cluster, tmp_path, how):
     assert wait_clean(10) == {}, node_namespace_leftovers()
 
 
+def test_a_hung_up_submit_with_notifications_watches_on_and_sends_the_end(slurm_cluster, tmp_path):
+    """A SLURM job with a notify: block whose submitting terminal hangs up: the submit watches on, quietly (it sends
+    the notifications), and when the job ends the `completed` event is delivered and the submit exits 0."""
+    import json as _json
+    env = dict(os.environ, ORCHESTRATE_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1")
+    events = tmp_path / "events.jsonl"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ncat >> {events}\necho >> {events}\n")
+    hook.chmod(0o755)
+    work = os.environ.get("ORCHESTRATE_SLURM_WORK", "/tmp/orchestrate-slurm-work")
+    proc = spawn([sys.executable, "-m", "orchestrator.cli", "submit", "recipes/configs/sft_tiny.yaml", "--nodes", "2",
+                  "--cluster", str(REPO / "cluster_configs" / "slurm_local.yaml"),
+                  f"cluster.slurm.python={sys.executable}", f"cluster.slurm.workdir={work}", "trainer.max_steps=20",
+                  f"trainer.output_dir={tmp_path / 'out'}", "notify.on=[completed]", f"notify.command=[{hook}]"],
+                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        job, deadline = None, time.monotonic() + 120
+        while time.monotonic() < deadline and job is None:
+            m = re.match(r"job (\S+): run dir", proc.stdout.readline())
+            job = m.group(1) if m else None
+        assert job, "no job id printed"
+        for line in proc.stdout:  # (the job runs: its first rank line)
+            if "rank" in line:
+                break
+        proc.send_signal(signal.SIGHUP)
+        proc.stdout.close()
+        assert proc.wait(timeout=300) == 0
+        sent = [_json.loads(x) for x in events.read_text().splitlines() if x.strip()]
+        assert [(e["event"], e["job_id"], e["state"]) for e in sent] == [("completed", job, "COMPLETED")], sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert wait_clean(10) == {}, node_namespace_leftovers()
+
+
 @pytest.mark.parametrize("how", ["sigint", "sighup", "sigint-test-only"])
 def test_terminal_signal_while_sbatch_answers(slurm_cluster, tmp_path, job_guard, how):
     """Ctrl-C or a hang-up of the submitting terminal (sent to its whole foreground process group) while sbatch runs

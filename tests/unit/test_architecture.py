@@ -1,4 +1,4 @@
-"""The architecture rules (pyproject [tool.importlinter], README "Layout") hold, and they bite.
+"""The architecture rules (pyproject [tool.importlinter], docs/how-it-works.md "Layout") hold, and they bite.
 
 scripts/lint.sh runs `lint-imports` too; this makes a plain pytest run catch a forbidden import as well.
 """
