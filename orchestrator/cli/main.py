@@ -31,7 +31,8 @@ EPILOG = """examples:
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("recipe", help="recipe YAML (recipes/configs/*.yaml)")
+    p.add_argument("recipe", metavar="job", help="the job: a recipe YAML (recipe: sft|dpo|cp, e.g. "
+                   "recipes/configs/sft_tiny.yaml) or a job file of your own code (run: {script|module|trl, args})")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotlist overrides, e.g. trainer.max_steps=10; "
                                                                       "cluster.<key>=... overrides the cluster file")
     p.add_argument("--nodes", "-N", type=int, default=None, help="number of nodes (launch.nodes)")
@@ -74,13 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("render", help="dry run: write the plan and every per-node file to a directory",
                        description="Dry run: writes DIR/plan.json, DIR/recipe.yaml and DIR/nodes/<rank>/"
-                                   "{accelerate.yaml,command.txt}; touches nothing else.")
+                                   "{accelerate.yaml,command.txt}; starts nothing and records no job (besides DIR it "
+                                   "may write a cache of TRL's config fields in $ORCHESTRATE_HOME/cache).")
     _add_plan_args(r)
     r.add_argument("--out", "-o", required=True, help="output directory")
     r.add_argument("--json", action="store_true", help="print the plan as JSON instead of the summary")
 
     ls = sub.add_parser("ls", help="recent jobs (state, nodes, step, age, root cause)")
-    ls.add_argument("--limit", type=int, default=20)
+    ls.add_argument("--limit", type=int, default=20, help="show at most this many jobs, newest first (default 20)")
     st = sub.add_parser("status", help="one job per node and rank: host, step, loss, heartbeat age, exit code")
     st.add_argument("job", help="job id (a unique prefix is enough)")
     for view in (ls, st):
@@ -92,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--quiet", "-q", action="store_true", help="progress only, no node output")
     _add_color(at, "rich progress bar", "plain `progress:` lines")
     lg = sub.add_parser("logs", help="a job's logs, merged and prefixed by node and rank ([host nodeR rankG])")
-    lg.add_argument("job")
+    lg.add_argument("job", help="job id (a unique prefix is enough)")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
     who = lg.add_mutually_exclusive_group()
     who.add_argument("--node", type=int, default=None, help="only this node")
@@ -110,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("sweep_id", help="the sweep id that submit --sweep printed")
     sw.add_argument("--json", action="store_true", help="machine-readable output")
     c = sub.add_parser("cancel", help="cancel a job, or a sweep (every point): every process on every node")
-    c.add_argument("job")
+    c.add_argument("job", help="job id (a unique prefix is enough), or a sweep id")
     g = sub.add_parser("gc", help="remove finished jobs: run dirs, records, their hosts' run dirs and staged files",
                        description="Remove finished jobs older than --older-than: their run dirs and store records "
                        "here and, for SSH hosts without a shared filesystem, each host's run dir and the staged files "

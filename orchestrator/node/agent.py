@@ -716,7 +716,7 @@ def read_secrets_line(words: bool = False) -> "dict[str, str] | str | None":
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m orchestrator.node.agent", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir")
     ap.add_argument("--node-rank", type=int, default=None)
     ap.add_argument("--main-ip", default=None)
