@@ -52,8 +52,8 @@ def test_import_contracts_kept():
     ("orchestrator/newmodule.py", "import os", "orchestrator layers"),   # exhaustive: every module has a layer
     ("launchers/local.py", "from orchestrator import supervise", "launchers report events"),
     ("launchers/ssh/job.py", "from orchestrator.supervise import judge", "launchers report events"),
-    ("orchestrator/supervise.py", "from launchers import local", "cli > gc/sweep > api > launchers > supervise"),
-    ("orchestrator/node/agent.py", "import launchers", "cli > gc/sweep > api > launchers > supervise"),
+    ("orchestrator/supervise.py", "from launchers import local", "web > cli > gc/sweep > api > launchers > supervise"),
+    ("orchestrator/node/agent.py", "import launchers", "web > cli > gc/sweep > api > launchers > supervise"),
     ("orchestrator/events.py", "from orchestrator import supervise", "orchestrator layers"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
