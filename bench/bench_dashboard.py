@@ -94,13 +94,34 @@ def make_store(home: Path, work: Path, jobs: int, nodes: int, ranks: int, secret
     return {"big": big, "secret_job": secret_job, "secret_run_dir": str(srd), "queued": queued, "holder": holder}
 
 
-def start(home: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "dashboard", "--port", "0"], cwd=REPO,
-                            env={**os.environ, **OFFLINE, "ORCHESTRATE_HOME": str(home), "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    m = re.match(r"orchestrate dashboard: (http://\S+?)/\?token=", proc.stdout.readline())
-    assert m, proc.stdout.read()
-    return proc, m.group(1)
+def start(home: Path, host: str = "127.0.0.1", env: dict | None = None) -> tuple[subprocess.Popen, str, str]:
+    """`orchestrate dashboard --port 0 --host H` on `home`, as a user starts it: (process, base URL, token) from the
+    line it prints first. Its output goes to HOME/dashboard-<pid>.log (a pipe nobody reads could fill and stop it)."""
+    out = home / f"dashboard-{os.getpid()}-{time.monotonic_ns()}.log"
+    with open(out, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "dashboard", "--port", "0", "--host", host],
+                                cwd=REPO, env={**os.environ, **OFFLINE, "ORCHESTRATE_HOME": str(home),
+                                               "PYTHONPATH": str(REPO), **(env or {})},
+                                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        m = re.match(r"orchestrate dashboard: (http://\S+?)/\?token=(\S+)\n", out.read_text())
+        if m:
+            return proc, m.group(1), m.group(2)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    stop(proc)
+    raise AssertionError(f"the dashboard did not start: {out.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 def fetch(url: str) -> tuple[float, float, int]:
@@ -151,7 +172,7 @@ def main() -> None:
             home.mkdir()
             work.mkdir()
             made = make_store(home, work, int(n_jobs), nodes, ranks)
-            proc, base = start(home)
+            proc, base, _ = start(home)
             try:
                 big = made["big"]
                 times = time_pages(base, [("/", "jobs page"), ("/?part=1", "jobs live part"),
@@ -162,8 +183,7 @@ def main() -> None:
                 row = {"jobs": int(n_jobs) + 4, "nodes": nodes, "ranks_per_node": ranks, "ranks": nodes * ranks,
                        "pages": times, "server_rss_kib": rss_kib(proc.pid)}
             finally:
-                proc.terminate()
-                proc.wait(10)
+                stop(proc)
             rows.append(row)
             print(json.dumps(row), flush=True)
     bench_status_scale.write_results(args.out, rows)

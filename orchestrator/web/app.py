@@ -46,6 +46,7 @@ def create_app(token: str, bind_host: str = "127.0.0.1", port: int | None = None
     from starlette.staticfiles import StaticFiles
 
     loopback = is_loopback(bind_host)
+    told: set[str] = set()
 
     def authed(request: Request) -> bool:
         given = request.headers.get(HEADER) or request.cookies.get(COOKIE) or request.query_params.get("token") or ""
@@ -199,7 +200,9 @@ def create_app(token: str, bind_host: str = "127.0.0.1", port: int | None = None
         return HTMLResponse(pages.error_page(code, str(detail)), code)
 
     async def server_error(request: Request, exc: Exception) -> Response:
-        log.error("%s %s: %s", request.method, request.url.path, exc, exc_info=exc)
+        said = f"{type(exc).__name__}: {exc}"  # (a page polled every second: its traceback once, then one line)
+        log.error("%s %s: %s", request.method, request.url.path, said, exc_info=exc if said not in told else None)
+        told.add(said)
         msg = f"{type(exc).__name__}: {str(exc)[:300]}"
         if request.url.path.startswith("/api/"):
             return JSONResponse({"error": msg}, 500)

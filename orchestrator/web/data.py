@@ -131,8 +131,8 @@ def jobs(state: str = "", backend: str = "", cluster: str = "", text: str = "", 
     rows = []
     events = store.events_of([r.id for r in shown])
     for r in shown:
-        row = dict(r.to_dict(), **job_progress(r.run_dir), **job_times(r.to_dict(), events[r.id], now),
-                   stale=_stale(r), age_s=now - r.created, **(point_of(r.id, r.run_dir) or {}))
+        row = {**r.to_dict(), **job_progress(r.run_dir), **job_times(r.to_dict(), events[r.id], now),
+               "stale": _stale(r), "age_s": now - r.created, **(point_of(r.id, r.run_dir) or {})}
         if r.id in queue:
             row["queue_position"] = queue[r.id]
         rows.append(row)
@@ -157,7 +157,9 @@ def job(job_id: str, ranks_page: int | None = None, now: float | None = None) ->
     now = time.time() if now is None else now
     queue = queue_positions() if rec.state == "QUEUED" else {}
     st, rows = SNAPSHOTS.get(("status", rec.id), lambda: _status_rows(rec, queue.get(rec.id)))
-    st = dict(st)
+    st = dict(st, **{k: getattr(rec, k) for k in ("state", "exit_code", "root_cause", "restarts", "updated", "handle")})
+    if st["state"] != "QUEUED":  # (the record is read on every look; the ranks' snapshot at most a second or so old)
+        st["queue"] = None
     total = len(rows)
     if ranks_page is not None:
         pages = max(1, -(-total // RANKS_PER_PAGE))

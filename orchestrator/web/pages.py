@@ -148,13 +148,13 @@ def job_page(d: dict[str, Any], token: str | None) -> str:
     ranks = d["ranks_total"]
     drawn = "every rank" if ranks <= PLOT_MAX_RANKS else "rank 0"
     sections = [Section("head", job_head(d, token)), Section("plan", plan_section(d), live=False),
-                Section("attempts", attempts_section(d)), Section("nodes", nodes_section(d)),
-                Section("ranks", ranks_section(d)),
+                Section("attempts", attempts_section(d)),
                 Section("charts", f'<h2>Loss and tokens/s ({drawn})</h2><p class="muted" id="drew"></p>'
                                   '<div class="charts"><div id="chart-loss" class="chart" aria-label="loss per step">'
                                   '</div><div id="chart-speed" class="chart" aria-label="tokens per second"></div>'
                                   '</div>', live=False),
-                Section("log", log_section(d), live=False)]
+                Section("ranks", ranks_section(d)), Section("log", log_section(d), live=False),
+                Section("nodes", nodes_section(d))]
     return page(f"Job {st['job']}", sections, token, "job", {"job": st["job"]})
 
 

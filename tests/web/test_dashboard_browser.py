@@ -19,11 +19,15 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from helpers import OFFLINE_ENV, PYTHON, REPO, cli, job_pids, read_until, wait_gone, wait_until
+
+sys.path.insert(0, str(REPO / "bench"))
+import bench_dashboard
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +65,7 @@ def _browser():
         return None, "chromium / chromium-driver not installed (scripts/install_browser_deps.sh)"
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1366,900"):
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1366,860"):
         opts.add_argument(a)
     return webdriver.Chrome(service=Service(driver), options=opts), None
 
@@ -77,12 +81,8 @@ def dash(tmp_path_factory):
             pytest.fail(f"browser test prerequisite missing under CI: {why}", pytrace=False)
         pytest.skip(why)
     env = {**os.environ, **OFFLINE_ENV, "ORCHESTRATE_HOME": str(home), "OMP_NUM_THREADS": "1"}
-    server = subprocess.Popen([PYTHON, "-m", "orchestrator.cli", "dashboard", "--port", "0"], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    server, base, token = bench_dashboard.start(home)
     try:
-        m = re.match(r"orchestrate dashboard: (http://\S+?)/\?token=(\S+)$", server.stdout.readline().strip())
-        assert m, server.stdout.read()
-        base, token = m.group(1), m.group(2)
         browser.get(f"{base}/?token={token}")  # the printed URL: the token goes into a cookie
         (tmp / "beat.py").write_text(BEAT)
         shots = Path(os.environ.get("ORCHESTRATE_DASHBOARD_SHOTS") or tmp / "shots")
@@ -90,13 +90,7 @@ def dash(tmp_path_factory):
         yield {"browser": browser, "base": base, "token": token, "home": home, "env": env, "tmp": tmp, "shots": shots}
     finally:
         browser.quit()
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(5)
-        server.stdout.close()
+        bench_dashboard.stop(server)
 
 
 def _job_file(d: dict, name: str, args: dict, launch: dict | None = None, health: dict | None = None) -> Path:
@@ -186,8 +180,8 @@ def test_a_running_job_moves_on_its_page_and_cancel_stops_it(dash, job_guard):
     wait_until(lambda: store.get(job).state == "CANCELLED", 60, 0.2, "CANCELLED in the store")
     wait_gone(lambda: job_pids(run_dir), 30)
     sub.wait(60)
-    wait_until(lambda: "CANCELLED" in _text(browser, "#head"), 10, 0.2, "CANCELLED on the page")
-    assert not browser.find_elements(By.CSS_SELECTOR, "button[data-cancel]")
+    wait_until(lambda: "CANCELLED" in _text(browser, "#head .state")
+               and not browser.find_elements(By.CSS_SELECTOR, "button[data-cancel]"), 10, 0.2, "CANCELLED on the page")
     assert "cancelled by the user" in store.get(job).root_cause
     # the jobs page lists it, cancelled
     browser.get(f"{dash['base']}/")

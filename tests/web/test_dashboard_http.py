@@ -9,8 +9,6 @@ masked, and the jobs page with 2,000 jobs and the 1,024 x 8 job page each answer
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
 import sys
 import time
@@ -19,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import OFFLINE_ENV, PYTHON, REPO
+from helpers import OFFLINE_ENV, REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 import bench_dashboard
@@ -28,24 +26,10 @@ SECRET = "hf_dashboard_secret_value_0123456789"
 
 
 def start(home: Path, host: str = "127.0.0.1", extra_env: dict | None = None) -> tuple[subprocess.Popen, str, str]:
-    """`orchestrate dashboard --port 0 --host H` on `home`: (process, base URL, token) from its first line."""
-    proc = subprocess.Popen([PYTHON, "-m", "orchestrator.cli", "dashboard", "--port", "0", "--host", host], cwd=REPO,
-                            env={**os.environ, **OFFLINE_ENV, "ORCHESTRATE_HOME": str(home), **(extra_env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    line = proc.stdout.readline()
-    m = re.match(r"orchestrate dashboard: (http://\S+?)/\?token=(\S+)$", line.strip())
-    assert m, line + proc.stdout.read() if proc.poll() is not None else line
-    return proc, m.group(1), m.group(2)
+    return bench_dashboard.start(home, host, {**OFFLINE_ENV, **(extra_env or {})})
 
 
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-    proc.stdout.close()
+stop = bench_dashboard.stop
 
 
 def get(url: str, headers: dict | None = None, method: str = "GET", data: bytes | None = None
