@@ -7,11 +7,13 @@ A synthetic store as the CLI would find it: `--jobs` finished jobs (real JobStor
 supervisor pid file), a 2-node job rendered with a secret in its environment (HF_TOKEN, launch.secret_env), a QUEUED
 job with the holder of the lease it waits for. `orchestrate dashboard --port 0` serves it in a process of its own; each
 page is fetched `--repeat` times, interleaved, and its server time read from the Server-Timing header (the app's time
-to the response's start; the body follows at once).
+to the response's start; the body follows at once). A page is answered from a snapshot at most a second or
+two old (web.data.Snapshots); what reading them afresh costs is measured apart (`snapshots_afresh`).
 
     .venv/bin/python bench/bench_dashboard.py [--jobs 100,2000,10000] [--sizes 8x8,256x8,1024x8] [--repeat 7]
+    .venv/bin/python bench/bench_dashboard.py --soak 60     # the server's memory over an hour of a live job
 
-Writes bench/results/dashboard.json.
+Writes bench/results/dashboard.json (dashboard_soak.json).
 """
 
 from __future__ import annotations
@@ -150,11 +152,86 @@ def time_pages(base: str, pages: list[tuple[str, str]], repeat: int = 5) -> dict
             for name, vals in got.items()}
 
 
+def snapshot_cost(home: Path, job: str, repeat: int) -> dict:
+    """What the pages' snapshots cost when read afresh, as the server's background refresh reads them about once a
+    second (web.data.Snapshots): the job page's (views.job_status and its rank rows, the plan), the jobs page's, the
+    queue's; in this process, the cache emptied each time."""
+    os.environ["ORCHESTRATE_HOME"] = str(home)
+    from orchestrator.web import data
+    out = {}
+    for name, fn in (("job page", lambda: data.job(job)), ("jobs page", data.jobs), ("queue page", data.queue)):
+        got = []
+        for _ in range(repeat):
+            data.SNAPSHOTS.cache.clear()
+            t = time.perf_counter()
+            fn()
+            got.append(time.perf_counter() - t)
+        out[name] = {"median_s": round(statistics.median(got), 4), "range_s": [round(min(got), 4),
+                                                                                round(max(got), 4)]}
+    return out
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+def soak(minutes: float, out: str) -> None:
+    """The server's memory while a live job runs and a page watches it: an 8-rank job (bench_status_scale's) whose
+    every rank gains a heartbeat and a log line every 0.5 s (this process writes them, as the ranks would), and a
+    client that asks what the job page asks every second (its live part, the series and the log since the last
+    look). The server's RSS each minute."""
+    import threading
+    with tempfile.TemporaryDirectory(prefix="dash-soak-") as tmp:
+        home, work = Path(tmp) / "home", Path(tmp) / "work"
+        home.mkdir()
+        work.mkdir()
+        made = make_store(home, work, 100, 1, 8)
+        job, rd = made["big"], home / "runs" / made["big"]
+        stop_writing = threading.Event()
+
+        def writer() -> None:
+            step = 61
+            while not stop_writing.wait(0.5):
+                for g in range(8):
+                    with open(rd / "heartbeats" / f"rank{g}.jsonl", "a") as f:
+                        f.write(json.dumps({"t": time.time(), "rank": g, "host": "10.77.0.1", "step": step,
+                                            "max_steps": 10 ** 6, "loss": 3.0 / step ** 0.3, "tokens": step * 4096,
+                                            "event": "step", "compute_s": 0.1}) + "\n")
+                with open(rd / "logs" / "node0.log", "a") as f:
+                    f.write(f"[rank{step % 8}]: step {step} loss {3.0 / step ** 0.3:.4f}\n")
+                step += 1
+        threading.Thread(target=writer, daemon=True).start()
+        proc, base, _ = start(home)
+        samples = []
+        try:
+            series = json.loads(urllib.request.urlopen(f"{base}/api/jobs/{job}/series", timeout=60).read())
+            off = {r: v["offset"] for r, v in series["ranks"].items()}
+            logs = json.loads(urllib.request.urlopen(f"{base}/api/jobs/{job}/log", timeout=60).read())["offsets"]
+            t0 = time.monotonic()
+            next_sample = t0
+            while time.monotonic() - t0 < minutes * 60:
+                fetch(f"{base}/jobs/{job}?part=1")
+                got = json.loads(urllib.request.urlopen(f"{base}/api/jobs/{job}/series?off=" + ",".join(
+                    f"{r}:{o}" for r, o in off.items()), timeout=60).read())
+                off = {r: v["offset"] for r, v in got["ranks"].items()}
+                lg = json.loads(urllib.request.urlopen(f"{base}/api/jobs/{job}/log?off=" + ",".join(
+                    f"{n}:{o}" for n, o in logs.items()), timeout=60).read())
+                logs = lg["offsets"]
+                if time.monotonic() >= next_sample:
+                    samples.append({"minute": round((time.monotonic() - t0) / 60, 1), "rss_kib": rss_kib(proc.pid)})
+                    print(json.dumps(samples[-1]), flush=True)
+                    next_sample += 60
+                time.sleep(1.0)
+            samples.append({"minute": round((time.monotonic() - t0) / 60, 1), "rss_kib": rss_kib(proc.pid)})
+        finally:
+            stop_writing.set()
+            stop(proc)
+    Path(out).write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "minutes": minutes,
+                                     "samples": samples}, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 def main() -> None:
@@ -163,7 +240,12 @@ def main() -> None:
     ap.add_argument("--sizes", default="8x8,256x8,1024x8", help="the big job's nodes x ranks")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "dashboard.json"))
+    ap.add_argument("--soak", type=float, default=None, metavar="MINUTES",
+                    help="instead: the server's memory while a live 8-rank job is watched for MINUTES")
     args = ap.parse_args()
+    if args.soak is not None:
+        soak(args.soak, str(REPO / "bench" / "results" / "dashboard_soak.json"))
+        return
     rows = []
     with tempfile.TemporaryDirectory(prefix="dash-bench-") as tmp:
         for n_jobs, size in zip(args.jobs.split(","), args.sizes.split(","), strict=True):
@@ -181,7 +263,8 @@ def main() -> None:
                                           (f"/api/jobs/{big}/log", "job log"), ("/queue", "queue page")],
                                    args.repeat)
                 row = {"jobs": int(n_jobs) + 4, "nodes": nodes, "ranks_per_node": ranks, "ranks": nodes * ranks,
-                       "pages": times, "server_rss_kib": rss_kib(proc.pid)}
+                       "pages": times, "server_rss_kib": rss_kib(proc.pid),
+                       "snapshots_afresh": snapshot_cost(home, big, args.repeat)}
             finally:
                 stop(proc)
             rows.append(row)

@@ -106,10 +106,16 @@ def _stale(rec) -> bool:
 
 # ------------------------------------------------------------------------------------------------ jobs
 
-def jobs(state: str = "", backend: str = "", cluster: str = "", text: str = "", page: int = 1,
-         now: float | None = None) -> dict[str, Any]:
+def jobs(state: str = "", backend: str = "", cluster: str = "", text: str = "", page: int = 1) -> dict[str, Any]:
     """The jobs page: every record newest first, filtered, one page of PER_PAGE rows (each with its progress, times,
-    queue place, sweep point), the facets to filter by, and a count per state."""
+    queue place, sweep point), the facets to filter by, and a count per state (a snapshot: `Snapshots`)."""
+    return SNAPSHOTS.get(("jobs", state, backend, cluster, text.strip().lower(), page),
+                         lambda: read_jobs(state, backend, cluster, text, page))
+
+
+def read_jobs(state: str = "", backend: str = "", cluster: str = "", text: str = "", page: int = 1,
+              now: float | None = None) -> dict[str, Any]:
+    """`jobs`, read now."""
     from orchestrator.cli.views import group_sweeps, job_progress, job_times
     from orchestrator.sweep import point_of
     now = time.time() if now is None else now
@@ -304,9 +310,14 @@ def sweep_curves(sweep_id: str) -> dict[str, Any]:
     return {"curves": [{"label": label, "points": pts} for label, pts in got], "downsampled": sampled}
 
 
-def queue(now: float | None = None) -> dict[str, Any]:
+def queue() -> dict[str, Any]:
     """The queue page: this store's QUEUED jobs in queue order, what each waits for and who holds it (the lease's
-    holder: job, user@host, since), and the running jobs of this store."""
+    holder: job, user@host, since), and the running jobs of this store (a snapshot: `Snapshots`)."""
+    return SNAPSHOTS.get(("queue",), read_queue)
+
+
+def read_queue(now: float | None = None) -> dict[str, Any]:
+    """`queue`, read now."""
     from orchestrator.cli.views import job_status
     now = time.time() if now is None else now
     recs = _store().list(None)

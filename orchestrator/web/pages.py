@@ -15,8 +15,8 @@ from urllib.parse import urlencode
 
 from orchestrator.cli.views import fmt_age, fmt_loss
 
-SYMBOLS = {"RUNNING": "▶", "COMPLETED": "✓", "FAILED": "✗", "CANCELLED": "■", "QUEUED": "⏸", "PENDING": "…",
-           "REQUEUED": "↻", "NOT STARTED": "·"}
+SYMBOLS = {"RUNNING": "▶", "COMPLETED": "✓", "FAILED": "✗", "CANCELLED": "■", "QUEUED": "◔", "PENDING": "○",
+           "REQUEUED": "↻", "NOT STARTED": "·"}  # (glyphs every common sans font has: DejaVu, Segoe, SF)
 PLOT_MAX_RANKS = 8  # (as plot.DEFAULT_RANKS: the page says which ranks it draws)
 
 

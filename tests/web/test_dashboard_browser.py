@@ -186,7 +186,6 @@ def test_a_running_job_moves_on_its_page_and_cancel_stops_it(dash, job_guard):
     # the jobs page lists it, cancelled
     browser.get(f"{dash['base']}/")
     wait_until(lambda: job in _text(browser, "#jobs") and "CANCELLED" in _text(browser, "#jobs"), 10, 0.2, "jobs")
-    _shot(dash, "jobs")
 
 
 def test_a_sweep_page_shows_every_point_s_curve(dash, job_guard):
@@ -228,6 +227,10 @@ def test_a_queued_job_shows_who_holds_its_gpu(dash, job_guard):
     holder_text = _text(browser, "td.holder")
     assert "GPU 0 of localhost" in holder_text and "@" in holder_text, holder_text  # job, user@host, since
     _shot(dash, "queue")
+    browser.get(f"{dash['base']}/")  # every job of the module: the sweep's points under their sweep, the waiting one
+    wait_until(lambda: "sweep of 2 point(s)" in _text(browser, "#jobs") and "QUEUED" in _text(browser, "#jobs"), 10,
+               0.2, "the jobs page")
+    _shot(dash, "jobs")
     browser.get(f"{dash['base']}/jobs/{waiting}")
     wait_until(lambda: "waiting for GPU 0 of localhost is leased by job " + held in _text(browser, "#head"), 10,
                0.2, "the job page's queue line")

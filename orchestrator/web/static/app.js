@@ -8,6 +8,7 @@
   const tokenMeta = document.querySelector('meta[name="orchestrate-token"]');
   const token = tokenMeta ? tokenMeta.content : null;
   const updated = document.getElementById("updated");
+  const STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6];
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
                   "#7f7f7f", "#bcbd22"];
 
@@ -48,7 +49,7 @@
       points: {show: false}})));
     const width = Math.max(300, el.clientWidth || 600);
     const chart = new uPlot({width: width, height: height || 240, series: series,
-      scales: {x: {time: false}}, axes: [{label: "step"}, {label: label, size: 70}],
+      scales: {x: {time: false}}, axes: [{label: "step", incrs: STEP_INCRS}, {label: label, size: 70}],
       legend: {live: false}}, [[]].concat(names.map(() => [])), el);
     el.dataset.points = "0";
     return chart;
