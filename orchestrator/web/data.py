@@ -28,7 +28,7 @@ class Snapshots:
     """Results of costly reads (a big job's status), kept: a result younger than `fresh_s` (at least twice what it
     cost) is answered as it is; an older one too, at once, while ONE background thread reads it again
     (stale-while-revalidate); one older than `keep_s`, or none, is read now. A page of a 1,024 x 8-rank job then costs
-    its reader about once a second however many people watch it, and no answer waits for it."""
+    its reader at most every 2 x what reading it costs however many people watch it, and no answer waits for it."""
 
     def __init__(self, fresh_s: float = 1.0, keep_s: float = 30.0):
         import threading
@@ -76,7 +76,8 @@ class Snapshots:
             pass
 
 
-SNAPSHOTS = Snapshots()
+SNAPSHOTS = Snapshots(fresh_s=0.25)  # (a small job's page: read again on every look but 4 a second; a big one's
+# every 2 x what it costs)
 
 
 class NotFound(Exception):

@@ -168,6 +168,8 @@ def test_a_running_job_moves_on_its_page_and_cancel_stops_it(dash, job_guard):
     assert _attr(browser, "#chart-loss", "data-series") == "2"  # both ranks drawn
     assert wait_until(lambda: "step " in _text(browser, "#log-lines"), 20, 0.2, "the log")
     _shot(dash, "job")
+    browser.execute_script("document.getElementById('ranks').scrollIntoView()")
+    _shot(dash, "job_ranks_log")
     # the log's rank filter: rank 1's lines only
     from selenium.webdriver.support.ui import Select
     Select(browser.find_element(By.ID, "log-rank")).select_by_value("1")

@@ -1,10 +1,11 @@
 // orchestrate dashboard: live sections, charts (uPlot), the live log, Cancel. No framework, nothing from the network.
-// Every second the page asks its own URL with ?part=1 for its live sections (JSON {id: html}) and swaps in those
+// Every second (a job's page: twice) the page asks its own URL with ?part=1 for its live sections (JSON {id: html}) and swaps in those
 // that changed; a job page also asks for what its heartbeat files and logs gained since the last look.
 "use strict";
 (function () {
-  const POLL_MS = 1000;
   const body = document.body;
+  // a job's page looks twice a second (what a heartbeat changes is on it well within 2 s), the others once
+  const POLL_MS = body.classList.contains("job") ? 500 : 1000;
   const tokenMeta = document.querySelector('meta[name="orchestrate-token"]');
   const token = tokenMeta ? tokenMeta.content : null;
   const updated = document.getElementById("updated");
