@@ -39,6 +39,7 @@ import sshd_hosts  # noqa: E402
 import yaml  # noqa: E402
 
 from orchestrator import api  # noqa: E402
+from orchestrator import running  # noqa: E402
 from orchestrator.node.proctools import alive, group_members, marked, marked_ranks  # noqa: E402
 
 
@@ -89,7 +90,7 @@ def rank_phases(recs: list[dict], t0: float, rank: int = 0) -> dict:
 def ours(tb, cluster: Path, tmp: Path, i: int, steps: int) -> dict:
     t0 = time.time()
     prep = prepare(cluster, tmp, f"ours{i}", steps)
-    res = api.submit(prep)
+    res = running.submit(prep)
     assert res.state == "COMPLETED", res.root_cause
     local = Path(api._home()) / "runs" / prep.plan.job_id
     tl = json.loads((local / "handle.json").read_text())["data"]["timeline"]
@@ -125,7 +126,7 @@ def anchor(tb, cluster: Path, tmp: Path, i: int, steps: int) -> dict:
 def teardown(tb, cluster: Path, tmp: Path, i: int) -> float:
     prep = prepare(cluster, tmp, f"kill{i}", 500)
     box = {}
-    t = threading.Thread(target=lambda: box.update(r=api.submit(prep)))
+    t = threading.Thread(target=lambda: box.update(r=running.submit(prep)))
     t.start()
     jid = prep.plan.job_id
     local = Path(api._home()) / "runs" / jid
@@ -177,7 +178,7 @@ def main() -> int:
         cluster = tmp / "cluster.yaml"
         cluster.write_text(yaml.safe_dump({"kind": "ssh", "name": "bench", "accelerator": "cpu",
                                            "network_interface": "lo", "ssh": tb.ssh_block()}))
-        api.submit(prepare(cluster, tmp, "warm", 2))  # warm caches (tiny model, trl field list, page cache)
+        running.submit(prepare(cluster, tmp, "warm", 2))  # warm caches (tiny model, trl field list, page cache)
         runs = {"ours": [], "anchor": []}
         for i in range(args.repeat if args.only != "teardown" else 0):  # interleaved, so drift hits both alike
             runs["anchor"].append(anchor(tb, cluster, tmp, i, args.steps))

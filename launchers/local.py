@@ -49,7 +49,7 @@ class LocalLauncher:
             used = sorted({int(g) for n in plan.node_plans for g in n.env.get("CUDA_VISIBLE_DEVICES", "").split(",")
                            if g.strip().isdigit()})
             extra["gpu_check"] = {"policy": plan.health.gpu_check, "diag": plan.health.gpu_diag == "dcgm",
-                                  "used": used or None}
+                                  "used": used or None, "xid_lookback_s": plan.health.xid_lookback_s}
         leases = [req for n in plan.node_plans if (req := lease_request(plan, n.node_rank)) is not None]
         if leases:  # the GPUs the agents will lease (a CPU-only local job leases nothing: it takes a free port)
             extra["leases"] = leases
@@ -344,14 +344,18 @@ def gpu_preflight(want: dict, run_dir: RunDir) -> None:
     health.gpu_check: a refusal (fail, or exclude_host: one machine has no spare) is a PreflightError naming GPU,
     field and value; warn prints the findings and the job starts. Recorded in RUN_DIR/gpu_health.json."""
     import sys
-    from orchestrator.core.gpuhealth import judge, verdict
+    from orchestrator.core.gpuhealth import judge, kernel_log_note, verdict
     from orchestrator.errors import PreflightError, Problem
     from orchestrator.node import gpus
     used = tuple(want["used"]) if want.get("used") else None
-    findings = judge("localhost", gpus.health(diag=bool(want.get("diag"))), used, bool(want.get("diag")))
+    health = gpus.health(diag=bool(want.get("diag")))
+    findings = judge("localhost", health, used, bool(want.get("diag")), float(want.get("xid_lookback_s") or 0))
     refused, warned, excluded = verdict(findings, str(want.get("policy") or "fail"))
-    run_dir.write_json("gpu_health.json", {"localhost": {"findings": [f.text() for f in findings],
-                                                         "excluded": bool(excluded)}})
+    note = kernel_log_note("localhost", health)
+    record = {"findings": [f.text() for f in findings], "excluded": bool(excluded)}
+    run_dir.write_json("gpu_health.json", {"localhost": record | ({"note": note} if note else {})})
+    if note:
+        print(f"orchestrate: warning: GPU health: {note}", file=sys.stderr)
     bad = refused + [f for f in warned if f.host in excluded]
     if bad:
         raise PreflightError([Problem("localhost", f.text()) for f in bad])

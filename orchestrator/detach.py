@@ -36,8 +36,9 @@ def start_background(child: list[str], log, started, what: str, say_started, wai
     return 0
 
 
-def detach(argv: list[str], prepared) -> int:
-    """Re-run this very submit (same job id) as a supervisor in its own session; wait until it is recorded."""
+def detach(argv: list[str], prepared, say=print) -> int:
+    """Re-run this very submit (same job id) as a supervisor in its own session; wait until it is recorded (then
+    `say` the line that tells so)."""
     from orchestrator.store import JobStore, home
     job = prepared.plan.job_id
     logs = home() / "supervisors"
@@ -47,7 +48,7 @@ def detach(argv: list[str], prepared) -> int:
     def recorded() -> bool:
         rec = JobStore().get(job)
         return rec is not None and rec.state not in ("PENDING",)
-    return start_background(child, logs / f"{job}.log", recorded, f"job {job}", lambda pid: print(
+    return start_background(child, logs / f"{job}.log", recorded, f"job {job}", lambda pid: say(
         f"job {job} {JobStore().get(job).state} (supervisor pid {pid}); follow it with: orchestrate attach {job}"))
 
 

@@ -1,6 +1,6 @@
 """`orchestrate gc`: remove finished jobs' run dirs and records, here and on the SSH hosts that ran them.
 
-Which jobs: those of this store whose record is terminal (each asked of its backend first, `api.reconcile`, so a job
+Which jobs: those of this store whose record is terminal (each asked of its backend first, `records.reconcile`, so a job
 recorded as running whose supervisor died counts as what it really is), whose supervisor is gone, and that ended
 more than `older_than` seconds ago (their record's last update before this gc asked); `keep_failed` keeps the FAILED
 ones; `jobs` limits it to those ids (unique prefixes accepted). Every other job is left alone; the ones not finished,
@@ -91,7 +91,7 @@ class Report:
 def select(older_than_s: float, keep_failed: bool, jobs: tuple[str, ...] = (),
            progress: Callable[[str], None] | None = None) -> tuple[list, dict[str, str], int]:
     """(records to remove, {job: why kept}, how many finished jobs are newer than the cutoff)."""
-    from orchestrator import api
+    from orchestrator import records
     from orchestrator.detach import live_supervisor
     from orchestrator.store import JobStore
     store = JobStore()
@@ -109,9 +109,9 @@ def select(older_than_s: float, keep_failed: bool, jobs: tuple[str, ...] = (),
     if unsure and progress:
         progress(f"asking the backends of {len(unsure)} unfinished job(s) how they stand")
     if jobs:
-        recs = [api.reconcile(r)[0] for r in recs]
+        recs = [records.reconcile(r)[0] for r in recs]
     else:
-        recs = api.jobs(None) if unsure else recs  # (every record, the unfinished ones asked at once)
+        recs = records.jobs(None) if unsure else recs  # (every record, the unfinished ones asked at once)
     chosen, kept, newer = [], {}, 0
     now = time.time()
     for rec in recs:

@@ -6,7 +6,7 @@ written, no shell; ORCHESTRATE_EVENT / ORCHESTRATE_JOB_ID / ORCHESTRATE_JOB_STAT
 `webhook` (or the URL in the submit environment's variable `webhook_env`), which gets the same JSON as an HTTP POST.
 The JSON's fields are docs/CONTRACT.md's ("Notifications").
 
-`Notifier` is fed by api.submit, in the supervising process (attached, or the `--detach`ed supervisor, which is the
+`Notifier` is fed by running.submit, in the supervising process (attached, or the `--detach`ed supervisor, which is the
 same submit run again): `started`, each restart decision and SLURM requeue as it appears in RUN_DIR/restarts.jsonl
 (`restarted` / `preempted`; a watcher thread reads it while the job runs), and the end (`completed`, `failed`,
 `hung` for a FAILED end by a hang, `cancelled`). One worker thread delivers in event order, each delivery bounded by

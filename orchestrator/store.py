@@ -72,7 +72,7 @@ def home() -> Path:
 
 def sweeps_dir() -> Path:
     """ORCHESTRATE_HOME/sweeps: a sweep's record <id>.json, a detached runner's output <id>.log, its plot <id>.png,
-    its points' loss summary <id>.losses.json (orchestrator.sweep writes them, orchestrator.gc removes them with the
+    its points' loss summary <id>.losses.json (orchestrator.sweeps writes them, orchestrator.gc removes them with the
     sweep's last point)."""
     return home() / "sweeps"
 

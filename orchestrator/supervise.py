@@ -84,6 +84,8 @@ def root_cause_text(end: NodeEnded) -> str:
     tail = end.tail or ""
     rec = end.record
     detail = describe_code(end.returncode)
+    if rec is not None and rec.gpu_fault:  # the node agent's GPU watch ended it (orchestrator.node.gpuwatch)
+        return f"{who} failed: GPU watch: {rec.gpu_fault}"
     if rec is not None and rec.rank_death:
         detail = f"{rec.rank_death.replace(' before finishing', '')}; node {describe_code(end.returncode)}"
     else:
@@ -133,10 +135,11 @@ GPU_REFUSAL = "PreflightError: GPU health"  # how a node agent refuses a node wh
 
 def culprit_of(end: NodeEnded) -> str:
     """How a failed node's end is attributable to its host: lost (gone, no record), health (its agent refused its
-    GPUs), crash (a rank of it failed)."""
+    GPUs, or its GPU watch ended it), crash (a rank of it failed)."""
     if end.lost and end.record is None:
         return "lost"
-    return "health" if GPU_REFUSAL in (end.tail or "") else "crash"
+    gpu_fault = end.record is not None and end.record.gpu_fault  # (the GPU watch: a health check during the job)
+    return "health" if gpu_fault or GPU_REFUSAL in (end.tail or "") else "crash"
 
 
 def node_end(e: NodeEnded, torn_down_at: float | None, root: NodeEnded | None, hang_node: int | None
@@ -144,7 +147,7 @@ def node_end(e: NodeEnded, torn_down_at: float | None, root: NodeEnded | None, h
     """(end, note) of one node for the record (types.NODE_ENDS): what happened to IT, in agreement with the cause."""
     rec = e.record
     if e is root:
-        return "failed", (rec.rank_death if rec and rec.rank_death else e.lost or "")
+        return "failed", (rec.note() if rec and (rec.rank_death or rec.gpu_fault) else e.lost or "")
     if rec is None and e.lost and e.returncode is None:
         return "lost", e.lost
     if rec is not None and rec.hang:
@@ -207,7 +210,8 @@ def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str |
                              + why, nodes, max_step)
         return JobResult(JobState.COMPLETED, 0, "", nodes, max_step)
     own = [e for e in bad if not stopped_by_us(e, torn_down_at)]
-    root = pick_failed(own or sorted(bad, key=lambda e: e.node))
+    gpu = [e for e in bad if e.record is not None and e.record.gpu_fault]  # its own finding, whenever it ended
+    root = pick_failed(gpu or own or sorted(bad, key=lambda e: e.node))
     text = root_cause_text(root)
     if scheduler is not None and scheduler.reason and scheduler.state == JobState.FAILED and root.lost:
         text = f"{scheduler.reason}; {text}"
@@ -284,6 +288,7 @@ class Supervisor:
     detach: threading.Event = field(default_factory=threading.Event)
     detach_reason: str = ""
     attempt: int = 0  # which attempt run() supervises (the api sets it; recorded with straggler verdicts)
+    notifies: bool = False  # a notify: block's events come from this process: losing its output does not detach it
 
     def request_cancel(self, reason: str) -> None:
         if not self.cancel.is_set():  # the first reason is the cause (a Ctrl-C, then the hang-up it led to)
@@ -312,6 +317,7 @@ class Supervisor:
         straggler: str | None = None
         straggler_host = ""
         stragglers = StragglerLog(self.plan, self.attempt)
+        rd = RunDir(self.plan.run_dir) if getattr(self.plan, "run_dir", "") else None
 
         def teardown(reason: str, grace: float, nodes: set[int] | None = None) -> None:
             nonlocal torn_down_at, teardown_mono
@@ -334,6 +340,8 @@ class Supervisor:
                                 host = ""
                             monitor.feed(dict(rec, host=host) if host and host != rec.get("host") else rec,
                                          time.time())
+                            if rec.get("event") == "tracking" and rd is not None:
+                                rd.write_tracking(rec)  # the job's tracker run (rank 0 names it), for `status`
                             if self.on_beat:
                                 self.on_beat(ev.record)
                         elif isinstance(ev, NodeEnded):

@@ -173,6 +173,14 @@ def check_liger(trainer_cfg: dict) -> None:
                           "Set it to false to run without.")
 
 
+def default_report_to() -> str:
+    """The recipes' trackers where `trainer.report_to` is not given: MLflow where the ranks have a tracking store
+    (MLFLOW_TRACKING_URI set, the mlflow package installed; one run per job, docs/tracking.md), else none."""
+    if os.environ.get("MLFLOW_TRACKING_URI") and importlib.util.find_spec("mlflow") is not None:
+        return "mlflow"
+    return "none"
+
+
 def build_config(config_cls, cfg: dict, rt: Runtime, extra_defaults: dict | None = None):
     """`trainer:` -> a TRL config. User keys pass through unchanged; defaults only fill silence."""
     t = dict(cfg.get("trainer") or {})
@@ -181,7 +189,7 @@ def build_config(config_cls, cfg: dict, rt: Runtime, extra_defaults: dict | None
     t["output_dir"] = os.path.abspath(t["output_dir"])
     tiny = str(cfg["model"]["name_or_path"]) in BUILTIN_MODELS
     defaults: dict[str, Any] = dict(extra_defaults or {})
-    defaults.setdefault("report_to", "none")
+    defaults.setdefault("report_to", default_report_to())
     fsdp_checkpoints = os.environ.get("FSDP_ACTIVATION_CHECKPOINTING", "").lower() == "true"  # set by accelerate
     if (tiny or fsdp_checkpoints) and "gradient_checkpointing" not in t:
         # TRL defaults it on: pointless for tiny models, and under an FSDP profile that checkpoints activations

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Static checks, each run even when an earlier one failed; exit non-zero if any failed.
 #   ruff check     style and real mistakes (pyproject [tool.ruff])
-#   lint-imports   the architecture rules (pyproject [tool.importlinter]; README "Layout")
+#   lint-imports   the architecture rules (pyproject [tool.importlinter]; docs/how-it-works.md "Layout")
 #   mypy           types of the pure core, orchestrator/core (pyproject [tool.mypy])
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -184,6 +184,16 @@ def heartbeats(run_dir: Path | str | None, rank: int, *, heartbeat_dir: Path | s
     return out
 
 
+def saved_rank(home: Path, rank: int, step: int, timeout: float = 300) -> tuple[Path, int]:
+    """(run dir, pid of rank `rank`) of the one job under ORCHESTRATE_HOME `home`, once that rank has saved a
+    checkpoint at step >= `step` (its "save" heartbeat): the moment a test kills it to make the job restart."""
+    run_dir = Path(wait_until(lambda: next((home / "runs").iterdir(), None) if (home / "runs").is_dir() else None,
+                              120, 0.1, "the run dir"))
+    wait_until(lambda: any(r.get("event") == "save" and r["step"] >= step for r in heartbeats(run_dir, rank)),
+               timeout, 0.05, "a checkpoint saved")
+    return run_dir, wait_until(lambda: rank_pids(run_dir).get(rank), 30, 0.05, f"rank {rank}'s pid")
+
+
 def steps_seen(run_dir: Path | str | None, rank: int, *, heartbeat_dir: Path | str | None = None) -> int:
     """The highest training step rank `rank` reported (an `"event": "step"` record), 0 if none yet."""
     steps = [int(r.get("step") or 0) for r in heartbeats(run_dir, rank, heartbeat_dir=heartbeat_dir)

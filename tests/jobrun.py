@@ -1,5 +1,5 @@
-"""Run a job through a backend and the one supervisor, the way api.submit does, for tests that need the running job
-in their hands (pids, signals) without the store: `started = start(launcher, plan, run_dir)`, then
+"""Run a job through a backend and the one supervisor, the way orchestrator.running.submit does, for tests that need
+the running job in their hands (pids, signals) without the store: `started = start(launcher, plan, run_dir)`, then
 `started.result(timeout)`; `run(...)` does both."""
 
 from __future__ import annotations

@@ -270,7 +270,16 @@ class SlurmLauncher:
         run_dir.write_files(submission.files)
         script = run_dir.path(RunDir.SBATCH)
         self.preflight(script, cancel)
-        if submission.extra.get("pyxis") and not srun_knows_containers():
+        jid = self._sbatch_script(script, bool(submission.extra.get("pyxis")), str(submission.extra.get("job_id")))
+        run_dir.write_text(RunDir.SLURM_JOB_ID, f"{jid}\n")
+        handle = JobHandle(uri=f"slurm://{jid}", data={"run_dir": str(run_dir.root), "job_id": jid,
+                                                       "nodes": submission.extra.get("nodes")})
+        return SlurmJob(self, handle, run_dir, int(submission.extra.get("nodes") or len(submission.nodes)))
+
+    def _sbatch_script(self, script: Path, pyxis: bool, name: str) -> str:
+        """`sbatch --parsable SCRIPT` (a pyxis job needs srun's --container-image: refused here without it); the
+        SLURM job id."""
+        if pyxis and not srun_knows_containers():
             raise ConfigError(Problem("container.runtime", f"pyxis: this cluster's srun has no --container-image "
                                                            f"(the pyxis plugin is not installed on {self._name!r}); "
                                                            "use runtime apptainer, enroot or podman"))
@@ -279,18 +288,14 @@ class SlurmLauncher:
             r = run_apart(["sbatch", "--parsable", str(script)], timeout=60)  # (apart: see own_session_executor)
         except subprocess.TimeoutExpired:
             raise LaunchError("sbatch did not answer within 60 s (is slurmctld up?); it may have queued the job "
-                              f"before it was stopped: look for job name {submission.extra.get('job_id')!r} in squeue",
+                              f"before it was stopped: look for job name {name!r} in squeue",
                               host=self._name, argv=["sbatch", str(script)]) from None
         finally:
             os.umask(old)
         if r.returncode != 0:
             raise LaunchError("sbatch failed", host=self._name, argv=["sbatch", str(script)],
                               exit_code=r.returncode, stderr_tail=r.stderr[-2000:])
-        jid = r.stdout.strip().split(";")[0]
-        run_dir.write_text(RunDir.SLURM_JOB_ID, f"{jid}\n")
-        handle = JobHandle(uri=f"slurm://{jid}", data={"run_dir": str(run_dir.root), "job_id": jid,
-                                                       "nodes": submission.extra.get("nodes")})
-        return SlurmJob(self, handle, run_dir, int(submission.extra.get("nodes") or len(submission.nodes)))
+        return r.stdout.strip().split(";")[0]
 
     def submit_array(self, submissions: list[Submission], run_dirs: list[RunDir], *, parallel: int, name: str,
                      folder: Path, script: str, cancel: threading.Event | None = None) -> tuple[str, list[JobHandle]]:
@@ -299,8 +304,6 @@ class SlurmLauncher:
         node agents (AgentTask) on its run dir, with its own restart budget (SLURM_RESTART_COUNT is the task's).
         FOLDER/job.sbatch (the array script `script`, render_array_sbatch: what a user submits by hand) is written and
         checked with `sbatch --test-only` first. Returns (array job id, each task's handle `slurm://<array>_<i>`)."""
-        if any(sub.extra.get("pyxis") for sub in submissions):
-            raise ConfigError(Problem("container.runtime", "a pyxis container is not built for a sweep's array job"))
         for sub, rd in zip(submissions, run_dirs, strict=True):
             rd.mkdir(RunDir.LOGS)
             rd.write_files(sub.files)
@@ -308,6 +311,10 @@ class SlurmLauncher:
         sweep.mkdir()
         sweep.write_text(RunDir.SBATCH, script)
         self.preflight(sweep.path(RunDir.SBATCH), cancel)
+        if any(sub.extra.get("pyxis") for sub in submissions):  # the task step runs in the image: the script itself
+            array = self._sbatch_script(sweep.path(RunDir.SBATCH), True, name)
+            return array, [self._array_handle(f"{array}_{i}", array, i, sub, rd)
+                           for i, (sub, rd) in enumerate(zip(submissions, run_dirs, strict=True))]
         from launchers.slurm.task import AgentTask
         budget = [int(sub.extra["max_restarts"]) for sub in submissions]
         ex = own_session_executor()(folder=str(Path(folder) / "submitit" / "%j"), python=submissions[0].extra["python"],
@@ -325,13 +332,16 @@ class SlurmLauncher:
         finally:
             os.umask(old)
         array = str(jobs[0].job_id).split("_")[0]
-        handles = []
-        for i, (job, sub, rd) in enumerate(zip(jobs, submissions, run_dirs, strict=True)):
-            rd.write_text(RunDir.SLURM_JOB_ID, f"{job.job_id}\n")
-            handles.append(JobHandle(uri=f"slurm://{job.job_id}", data={
-                "run_dir": str(rd.root), "job_id": str(job.job_id), "nodes": sub.extra.get("nodes"),
-                "array_job_id": array, "array_task": i}))
-        return array, handles
+        return array, [self._array_handle(str(job.job_id), array, i, sub, rd)
+                       for i, (job, sub, rd) in enumerate(zip(jobs, submissions, run_dirs, strict=True))]
+
+    @staticmethod
+    def _array_handle(jid: str, array: str, i: int, sub: Submission, rd: RunDir) -> JobHandle:
+        """Array task i's handle `slurm://<array>_<i>`, its id kept in its run dir."""
+        rd.write_text(RunDir.SLURM_JOB_ID, f"{jid}\n")
+        return JobHandle(uri=f"slurm://{jid}", data={"run_dir": str(rd.root), "job_id": jid,
+                                                     "nodes": sub.extra.get("nodes"), "array_job_id": array,
+                                                     "array_task": i})
 
     def array_tasks(self, array: str) -> dict[int, str] | None:
         """{task index: SLURM state} of the array's tasks the controller still lists (squeue: a task that ended is

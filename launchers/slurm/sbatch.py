@@ -129,18 +129,15 @@ def array_spec(n: int, parallel: int) -> str:
 def array_problems(points: list[tuple[LaunchPlan, Any]]) -> list[Problem]:
     """What keeps a sweep's points from being ONE array job: SLURM gives every task of an array the same options,
     so the points must agree on everything but their run dirs (nodes, time, partition, ... , the python, the setup
-    lines); a pyxis container (its task step's mounts name the run dir) is not built for arrays."""
+    lines, a pyxis container's image and flags: they stand on the one task step, the run dir's mount bound per task)."""
     problems: list[Problem] = []
     plan0, slurm0 = points[0]
 
     def shape(plan: LaunchPlan, slurm: Any) -> dict[str, Any]:
         return dict(sbatch_options(plan, slurm, "", array="-", job_name="-"), python=plan.python,
-                    setup=list(slurm.setup))
+                    setup=list(slurm.setup), pyxis=_pyxis_flags(plan, ARRAY_RUN_DIR))
     first = shape(plan0, slurm0)
     for i, (plan, slurm) in enumerate(points):
-        if _pyxis(plan):
-            return [Problem("container.runtime", "a sweep on SLURM runs as one array job; a pyxis container is not "
-                                                 "built for arrays (use runtime apptainer, enroot or podman)")]
         if i == 0:
             continue
         mine = shape(plan, slurm)
@@ -274,4 +271,9 @@ def _pyxis_flags(plan: LaunchPlan, run_dir: str) -> list[str]:
         return []
     cwd = plan.rank_cwd.replace(RUN_DIR_VAR, run_dir)
     flags = srun_flags(cp, run_dir=run_dir, package=plan.package_root, cwd=cwd, env_names=["PYTHONPATH"])
-    return [f"    {shlex.quote(f)} \\" for f in flags]
+    return [f"    {_quote_keeping(f, ARRAY_RUN_DIR)} \\" for f in flags]
+
+
+def _quote_keeping(arg: str, var: str) -> str:
+    """`arg` quoted for bash, except that `var` (an array task's "${RUN_DIR}") still expands where it stands."""
+    return f'"{var}"'.join(shlex.quote(part) if part else "" for part in arg.split(var)) or "''"

@@ -121,7 +121,8 @@ class SSHLauncher:
         if plan.accelerator == "gpu":  # what the pre-flight compares with each host's GPUs (gpu_problems, gpu_health)
             extra["gpus"] = {"procs_per_node": plan.procs_per_node, "gpu_ids": list(plan.gpu_ids),
                              "allow_idle": plan.allow_idle_gpus, "declared": getattr(self.ssh, "gpus_per_node", None),
-                             "gpu_check": plan.health.gpu_check, "gpu_diag": plan.health.gpu_diag}
+                             "gpu_check": plan.health.gpu_check, "gpu_diag": plan.health.gpu_diag,
+                             "xid_lookback_s": plan.health.xid_lookback_s}
         return Submission(kind="ssh", run_dir=plan.run_dir, nodes=tuple(nodes), files={}, extra=extra)
 
     # ------------------------------------------------------------------ pre-flight
@@ -199,6 +200,7 @@ class SSHLauncher:
                 problems.append(Problem(host, f"{type(res).__name__}: {res}"))
                 bad_hosts[host] = f"{type(res).__name__}: {res}"
         if not problems and sub.extra.get("gpus"):
+            from orchestrator.core.gpuhealth import kernel_log_note
             probes = {h: r["probe"] for h, r in results.items()}
             problems.extend(gpu_problems(sub.extra["gpus"], probes))
             health = gpu_health(sub.extra["gpus"], probes)
@@ -209,9 +211,14 @@ class SSHLauncher:
                 for f in warned:
                     if f.host not in excluded:
                         logger.warning("GPU health (health.gpu_check: warn): %s: %s", f.host, f.text())
+                notes = {h: n for h, r in probes.items() if (n := kernel_log_note(h, r.get("gpu_health") or {}))}
+                for note in notes.values():
+                    logger.warning("GPU health: %s", note)
                 local.write_json("gpu_health.json", {h: {"findings": [f.text() for f in warned + refused
                                                                       if f.host == h],
-                                                         "excluded": h in excluded} for h in probes})
+                                                         "excluded": h in excluded} | (
+                                                             {"note": notes[h]} if h in notes else {})
+                                                     for h in probes})
         checks = {h: r["probe"]["container"] for h, r in results.items() if isinstance(r, dict)
                   and "container" in r["probe"]}
         if not problems and checks:
@@ -561,7 +568,8 @@ def gpu_health(want: dict[str, Any], probes: dict[str, dict[str, Any]]):
         return None
     used = tuple(want.get("gpu_ids") or ()) or None
     findings = [f for host, r in probes.items() for f in judge(host, r.get("gpu_health") or {}, used,
-                                                               want.get("gpu_diag") == "dcgm")]
+                                                               want.get("gpu_diag") == "dcgm",
+                                                               float(want.get("xid_lookback_s") or 0))]
     return verdict(findings, str(want.get("gpu_check") or "fail"))
 
 

@@ -402,8 +402,8 @@ def make_tree(label: str, root: Path, rels: tuple[str, ...], cache: HashCache) -
 
 def package_tree(cache: HashCache) -> Tree:
     """The node package: the orchestrator and recipes packages as installed here (no caches, no compiled files)."""
-    import orchestrator
-    top = Path(orchestrator.__file__).resolve().parent.parent
+    from orchestrator.resources import package_root
+    top = package_root()
     rels: list[str] = []
     for pkg in PACKAGES:
         for dirpath, dirnames, filenames in os.walk(top / pkg):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from orchestrator.node.ranklines import prefix, split_rank
 
@@ -75,10 +75,13 @@ class LogTail:
                 found.append((int(m.group(1)), path))
         return sorted(found)
 
-    def read(self, max_bytes: int | None = None) -> list[str]:
-        """The new complete lines of every log read, filtered and prefixed (`max_bytes`: at most that much of each log
-        per call; the rest comes next time)."""
-        out = []
+    def drain(self) -> None:
+        for line in self.lines():
+            print(line, flush=True)
+
+    def lines(self, max_bytes: int | None = None) -> Iterator[str]:
+        """The new complete lines of every log read, filtered and prefixed: what drain prints (`max_bytes`: at most
+        that much of each log per call; the rest comes next time)."""
         for n, path in self.paths():
             try:
                 with open(path, "rb") as f:
@@ -99,13 +102,8 @@ class LogTail:
                     continue
                 r, text = split_rank(line)
                 if self.keep(n, r, text):
-                    out.append(f"{prefix(self.hosts.get(n, '?'), n, r)} {text}")
-        return out
+                    yield f"{prefix(self.hosts.get(n, '?'), n, r)} {text}"
 
     def positions(self) -> dict[int, int]:
         """node -> where the complete lines read so far end in its log (a later LogTail's `offsets`)."""
         return {n: self.offsets[p] - len(self.pending.get(p, b"")) for n, p in self.paths() if p in self.offsets}
-
-    def drain(self) -> None:
-        for line in self.read():
-            print(line, flush=True)

@@ -64,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--adopt", default=None, help=argparse.SUPPRESS)  # (a SLURM sweep's point: its array task's handle)
     s.add_argument("--sweep-id", default=None, help=argparse.SUPPRESS)  # (a detached sweep's runner)
     s.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
-                   help="run a grid: one job per combination of the values (repeat for more keys); every point is "
-                        "planned first, then run at most --max-parallel at once (on SLURM: one --array job)")
+                   help="run a grid: one job per combination of the values (repeat for more keys); VALUES: a,b,c | "
+                        "[a,b,c] | 1..4[:STEP] | log:LO:HI:N | lin:LO:HI:N; every point is planned first, then run "
+                        "at most --max-parallel at once (on SLURM: one --array job)")
     s.add_argument("--max-parallel", type=int, default=None, help="with --sweep: points running at once (default all)")
     s.add_argument("--stop-if-worse", type=float, default=None, metavar="X",
                    help="with --sweep: cancel a point whose loss is NaN or above X times the best point's at the same "
@@ -157,11 +158,13 @@ def _add_color(p: argparse.ArgumentParser, rich: str, plain: str) -> None:
 
 def cmd_render(args) -> int:
     from pathlib import Path
-    from orchestrator import api
+    from orchestrator import client
     from orchestrator.core.render import summary
     out = Path(args.out).expanduser().resolve()
-    prepared = _prepare(args, run_dir=str(out))
-    api.write_files(prepared.files, out)
+    rendered = client.render(args.recipe, nodes=args.nodes, cluster=args.cluster, profile=args.profile,
+                             overrides=list(args.overrides), procs_per_node=args.procs_per_node, run_dir=str(out))
+    rendered.write(out)
+    prepared = rendered._prepared
     if args.json:
         print(prepared.plan.to_json(), end="")
     else:
@@ -179,7 +182,7 @@ def cmd_render(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from orchestrator import api
+    from orchestrator import running
     from orchestrator.core.render import summary
     from orchestrator.cli.views import resuming_text, staging_text
     if not args.job_id:  # (a point of a sweep is submitted with its job id: it runs the file without the sweep)
@@ -191,7 +194,7 @@ def cmd_submit(args) -> int:
             raise ConfigError(Problem(flag, "only with --sweep"))
     prepared = _prepare(args)
     adopt = None
-    if args.adopt:  # a SLURM sweep's point: its array task was submitted by the sweep's runner (orchestrator.sweep)
+    if args.adopt:  # a SLURM sweep's point: its array task was submitted by the sweep's runner (orchestrator.sweeps)
         from orchestrator.types import JobHandle
         if not args.job_id or prepared.cluster.kind != "slurm":
             raise ConfigError(Problem("--adopt", "only for a point of a SLURM sweep (with --job-id)"))
@@ -257,19 +260,16 @@ def cmd_submit(args) -> int:
             except OSError:
                 pass
 
-    from orchestrator.detach import forget_self, record_self
-    record_self(prepared.plan.job_id)
     sup = Supervisor(prepared.plan)
-    _supervisor_signals(sup, prepared.plan.run_dir)
     try:
-        result = api.submit(prepared, on_line=on_line, on_beat=on_beat, on_event=on_event, supervisor=sup,
-                            wait=not args.no_wait, adopt=adopt)
+        result = running.supervise_here(prepared, supervisor=sup, signals=lambda s: _supervisor_signals(
+            s, prepared.plan.run_dir), on_line=on_line, on_beat=on_beat, on_event=on_event, wait=not args.no_wait,
+            adopt=adopt)
     finally:
         try:
             progress.close()
         except OSError:
             pass
-        forget_self(prepared.plan.job_id)
     job = prepared.plan.job_id
     if result.state == "RUNNING":  # detached (SIGHUP on SLURM): the terminal is gone, nobody may read this
         try:
@@ -299,10 +299,13 @@ def _quiet(fds: tuple[int, ...] = (1, 2)) -> None:
 
 def _output_gone(sup, what: str, fds: tuple[int, ...] = (1, 2)) -> None:
     """Whoever watched the submit is gone: `fds` to /dev/null, then on SLURM stop watching (the job runs on in its
-    allocation, its node agents judge hangs there, as sbatch would have left it; status / ls ask SLURM), elsewhere
-    cancel (nothing runs on without the submitter)."""
+    allocation, its node agents judge hangs there, as sbatch would have left it; status / ls ask SLURM) unless the job
+    has notifications to send (this process sends them: it watches on, quietly, to the end), elsewhere cancel
+    (nothing runs on without the submitter)."""
     _quiet(fds)
     if sup.plan.cluster_kind == "slurm":
+        if sup.notifies:
+            return
         sup.request_detach(f"{what}: the job runs on under SLURM; `orchestrate status` asks SLURM")
     else:
         sup.request_cancel(what)
@@ -349,24 +352,18 @@ def _supervisor_signals(sup, run_dir: str) -> None:
 
 
 def _record(job: str):
-    from orchestrator import api
-    return api._record(job)
-
-
-def sweep_point(rec) -> dict:
-    """{"sweep", "point", "overrides", "loss", "sweep_points", "sweep_parallel"} of a job that is a sweep's point
-    (`ls` groups them), {} for any other job."""
-    from orchestrator.sweep import point_of
-    return point_of(rec.id, rec.run_dir) or {}
+    from orchestrator import records
+    return records._record(job)
 
 
 def cmd_ls(args) -> int:
-    from orchestrator import api
-    from orchestrator.cli.views import last_step
-    records = api.jobs(args.limit)
-    queue = api.queue_positions() if any(r.state == "QUEUED" for r in records) else {}
-    rows = [dict(r.to_dict(), step=last_step(r.run_dir), **({"queue_position": queue[r.id]} if r.id in queue else {}),
-                 **sweep_point(r)) for r in records]
+    from orchestrator import client
+    from orchestrator import running
+    jobs = client.jobs(args.limit)
+    rows = [j.summary() for j in jobs]
+    if any(r["state"] == "QUEUED" for r in rows):
+        queue = running.queue_positions()
+        rows = [dict(r, queue_position=queue[r["id"]]) if r["id"] in queue else r for r in rows]
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True))
     else:
@@ -376,13 +373,9 @@ def cmd_ls(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from orchestrator import api
-    from orchestrator.cli.views import SHOWN, job_status
-    rec, backend = api.status(args.job)
-    queue = api.queue_positions() if rec.state == "QUEUED" else {}
-    st = job_status(dict(rec.to_dict(), queue_position=queue.get(rec.id)))
-    if backend is not None and (backend.detail or backend.reason):
-        st["scheduler"] = f"{backend.state} ({backend.detail or backend.reason})"
+    from orchestrator import client
+    from orchestrator.cli.views import SHOWN
+    st = client.status_data(args.job)
     if args.json:  # a big job's on one line: the indenting encoder is pure Python (0.5 s for 8,192 ranks)
         print(json.dumps(st, indent=2 if len(st["ranks"]) <= SHOWN else None, sort_keys=True))
     else:
@@ -392,23 +385,9 @@ def cmd_status(args) -> int:
 
 
 def cmd_logs(args) -> int:
-    import time
-    from orchestrator import api
-    from orchestrator.cli.logtail import LogTail
-    from orchestrator.store import JobStore
-    rec = _record(args.job)
-    tail = LogTail(rec.run_dir, node=args.node, rank=args.rank, grep=args.grep)
-    tail.drain()
-    last_check = time.monotonic()
-    while args.follow:
-        state = JobStore().get(rec.id).state
-        if time.monotonic() - last_check > 10:  # nobody may be supervising it any more: ask its backend
-            last_check = time.monotonic()
-            state = api.reconcile(JobStore().get(rec.id))[0].state
-        time.sleep(0.5)
-        tail.drain()
-        if is_terminal(state):
-            break
+    from orchestrator.client import Job
+    for line in Job.attach(args.job).logs(args.rank, args.follow, node=args.node, grep=args.grep):
+        print(line, flush=True)
     return 0
 
 
@@ -420,17 +399,17 @@ def cmd_attach(args) -> int:
     from orchestrator.cli.progress import Progress
     from orchestrator.store import JobStore
     if args.job.startswith("sweep-"):
-        from orchestrator import sweep
-        doc = sweep.read_sweep(args.job)
+        from orchestrator import sweeps
+        doc = sweeps.read_sweep(args.job)
         if doc is not None:
             print(f"attached to sweep {doc['id']}; Ctrl-C detaches, the sweep keeps running", flush=True)
             try:
-                if not sweep.follow(doc, lambda line: print(line, flush=True)):
+                if not sweeps.follow(doc, lambda line: print(line, flush=True)):
                     print(f"sweep {doc['id']} was not run detached: its runner's output is in its terminal")
             except KeyboardInterrupt:
                 print(f"\ndetached from sweep {doc['id']}; it keeps running (orchestrate attach {doc['id']})")
                 return 0
-            print(sweep.sweep_text(doc, sweep.table_rows(doc)))
+            print(sweeps.sweep_text(doc, sweeps.table_rows(doc)))
             return 0
     rec = _record(args.job)
     print(f"attached to job {rec.id} ({rec.state}); Ctrl-C detaches, the job keeps running", flush=True)
@@ -444,8 +423,8 @@ def cmd_attach(args) -> int:
             state = JobStore().get(rec.id).state
             if time.monotonic() - last_check > 10:  # nobody may be supervising it any more: ask its backend
                 last_check = time.monotonic()
-                from orchestrator import api
-                state = api.reconcile(JobStore().get(rec.id))[0].state
+                from orchestrator import records
+                state = records.reconcile(JobStore().get(rec.id))[0].state
             if not args.quiet:
                 tail.drain()
             for b in beats.read():
@@ -467,7 +446,7 @@ def cmd_plot(args) -> int:
     from pathlib import Path
     from orchestrator.cli.plot import plot_job, plot_sweep
     from orchestrator.store import sweeps_dir
-    from orchestrator.sweep import read_sweep
+    from orchestrator.sweeps import read_sweep
     doc = read_sweep(args.job) if args.job.startswith("sweep-") else None
     if doc is not None:  # a sweep: its points' loss curves overlaid
         from orchestrator.store import JobStore
@@ -487,16 +466,11 @@ def cmd_plot(args) -> int:
 def _sweep_from_file(args) -> None:
     """A `sweep:` block in the job file (core.spec.SweepSpec): its grid becomes --sweep options (the command line's
     replace a key's values or add keys), its max_parallel / stop_if_worse the flags' defaults."""
-    from orchestrator.core.schema import build
-    from orchestrator.core.spec import SweepSpec, read_yaml, sweep_problems
+    from orchestrator.client import sweep_block
     from orchestrator.core.sweep import block_options, merge_options
-    data = read_yaml(args.recipe, "recipe")
-    if data.get("sweep") is None:
+    spec = sweep_block(args.recipe)
+    if spec is None:
         return
-    spec, problems = build(SweepSpec, data["sweep"], "sweep")
-    problems += sweep_problems(spec) if spec is not None else []
-    if problems:
-        raise ConfigError(problems, source=args.recipe)
     args.sweep = merge_options(block_options(spec.grid), list(args.sweep or []))
     if args.max_parallel is None:
         args.max_parallel = spec.max_parallel
@@ -505,46 +479,45 @@ def _sweep_from_file(args) -> None:
 
 
 def _submit_sweep(args) -> int:
-    from orchestrator import sweep
+    from orchestrator import sweeps
     if args.stop_if_worse is not None and not args.stop_if_worse > 1:
         raise ConfigError(Problem("--stop-if-worse", f"must be a number > 1, got {args.stop_if_worse}"))
     if args.job_id:
         raise ConfigError(Problem("--sweep", "not with --job-id (each point gets its own)"))
     if args.detach and not args.dry_run:
-        return sweep.detach(args, sys.argv[1:] if args._argv is None else args._argv)
+        return sweeps.detach(args, sys.argv[1:] if args._argv is None else args._argv,
+                            say=lambda line: print(line, flush=True))
     if args.dry_run:
-        sweep_id, planned, first = sweep.plan_points(args, args.sweep)
+        sweep_id, planned, first = sweeps.plan_points(args, args.sweep)
         print(f"sweep {sweep_id} (dry run): {len(planned)} point(s), every one planned")
         for point, *_ in planned:
             print(f"  p{point.index}  {point.label()}")
         if first.cluster.kind == "slurm":  # ONE array job: its script, as `submit` would write and sbatch it
             from orchestrator.core.sweep import check_parallel
             parallel = check_parallel(args.max_parallel, len(planned))
-            print(f"SLURM: one array job; submit writes it to {sweep.sweep_folder(first, sweep_id)}/job.sbatch:")
-            print(sweep.array_script(sweep_id, planned, first, parallel), end="")
+            print(f"SLURM: one array job; submit writes it to {sweeps.sweep_folder(first, sweep_id)}/job.sbatch:")
+            print(sweeps.array_script(sweep_id, planned, first, parallel), end="")
         return 0
-    return sweep.run(args, args.sweep, say=lambda line: print(line, flush=True))
+    return sweeps.run(args, args.sweep, say=lambda line: print(line, flush=True))
 
 
 def cmd_sweep(args) -> int:
-    from orchestrator import sweep
-    doc = sweep.read_sweep(args.sweep_id)
-    if doc is None:
-        raise ConfigError(Problem(args.sweep_id, "no such sweep (ORCHESTRATE_HOME/sweeps)"))
-    rows = sweep.table_rows(doc)
+    from orchestrator import sweeps
+    from orchestrator.client import Sweep
+    sw = Sweep.attach(args.sweep_id)
+    doc, rows = sw.doc(), sw.table()
     if args.json:
         print(json.dumps({"id": doc["id"], "max_parallel": doc.get("max_parallel"), "points": rows}, indent=2))
     else:
-        print(sweep.sweep_text(doc, rows))
+        print(sweeps.sweep_text(doc, rows))
     return 0
 
 
 def cmd_cancel(args) -> int:
-    from orchestrator import api
-    from orchestrator import sweep
-    doc = sweep.read_sweep(args.job)
-    if doc is not None:
-        states = sweep.cancel(doc)
+    from orchestrator import sweeps
+    from orchestrator.client import Job, Sweep
+    if sweeps.read_sweep(args.job) is not None:
+        states = Sweep(args.job).cancel()
         for job, state in states.items():
             print(f"job {job} {state}")
         return 0 if all(s in ("CANCELLED", "NOT STARTED") or is_terminal(s) for s in states.values()) else 1
@@ -552,7 +525,7 @@ def cmd_cancel(args) -> int:
     if is_terminal(rec.state):
         print(f"job {rec.id} already {rec.state}")
         return 0
-    state = api.cancel(rec.id)
+    state = Job(rec.id).cancel()
     print(f"job {rec.id} {state}")
     return 0 if state == "CANCELLED" else 1
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.node.heartbeat import read_sampled
 from orchestrator.node.rundir import RunDir
 
@@ -39,7 +39,11 @@ def series(heartbeats: list[dict]) -> tuple[dict[int, list[tuple[int, float]]], 
 
 
 def _pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # a dependency of orchestrate; gone all the same (e.g. installed with --no-deps)
+        raise OrchestratorError("orchestrate plot needs matplotlib, which is not installed here: "
+                                "pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

@@ -92,7 +92,22 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
             "root_cause": record.get("root_cause"), "run_dir": record["run_dir"],
             "created": record["created"], "updated": record["updated"], "fetched": _fetched(run_dir),
             "container": _container(run_dir, plan), "excluded": _excluded(run_dir), "stragglers": named,
-            "attempts": _attempts(run_dir), "resumed_from": _resumed_from(run_dir), "queue": _queue(run_dir, record)}
+            "attempts": _attempts(run_dir), "resumed_from": _resumed_from(run_dir), "queue": _queue(run_dir, record),
+            "tracking": _tracking(run_dir)}
+
+
+def _tracking(run_dir: Path) -> dict[str, Any]:
+    """{tracker: {"run_id", "experiment_id", "tracking_uri", "t"}}: the job's one tracker run (MLflow) as rank 0 named
+    it (RUN_DIR/tracking.json, docs/tracking.md); {} when none."""
+    from orchestrator.node.rundir import RunDir
+    return RunDir(run_dir).tracking()
+
+
+def tracking_text(tracker: str, rec: dict[str, Any]) -> str:
+    """'mlflow   run ID (experiment E, URI)', and the run's page where the tracking URI is a server's."""
+    uri, exp, run = str(rec.get("tracking_uri") or ""), rec.get("experiment_id"), rec.get("run_id")
+    page = f"  {uri.rstrip('/')}/#/experiments/{exp}/runs/{run}" if uri.startswith(("http://", "https://")) else ""
+    return f"{tracker:<8} run {run} (experiment {exp}, {uri}){page}"
 
 
 def _attempts(run_dir: Path) -> list[dict[str, Any]]:
@@ -175,7 +190,7 @@ def _fetched(run_dir: Path) -> str | None:
 
 
 EVENT_STATE = {"boot": "starting", "dist": "starting", "start": "starting", "step": "training", "save_start": "saving",
-               "save": "training", "end": "done", "preempted": "preempted"}
+               "save": "training", "end": "done", "preempted": "preempted", "tracking": "starting"}
 
 
 def _rank_state(node: dict[str, Any] | None, hb: dict[str, Any] | None, job_state: str) -> str:
@@ -286,6 +301,8 @@ def status_text(st: dict[str, Any]) -> str:
         lines.append(f"attempt  {a['attempt']}: {a['reason'][:300]}")
     if st.get("resumed_from"):
         lines.append(resumed_text(st["resumed_from"]))
+    for tracker, rec in (st.get("tracking") or {}).items():
+        lines.append(tracking_text(tracker, rec))
     for host, why in (st.get("excluded") or {}).items():
         lines.append(f"excluded {host}: {why}")
     for s in st.get("stragglers") or []:

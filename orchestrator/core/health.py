@@ -59,6 +59,11 @@ class HealthSpec:
     # `dcgmi diag -r 1` too (dcgm; skipped with a note where dcgmi is not installed).
     gpu_check: Annotated[str, "gpu_check"] = "fail"
     gpu_diag: Annotated[str, "gpu_diag"] = "none"
+    # XID errors in the kernel log count in the pre-flight when they are this recent (seconds; 0: since boot).
+    xid_lookback_s: Annotated[float, "nonneg_number"] = 3600.0
+    # GPU health during the job: each node agent polls its GPUs this often (seconds; 0 turns the watch off) and ends the
+    # attempt on a new fatal finding (orchestrator.node.gpuwatch; judged by orchestrator.core.gpuhealth.watch).
+    gpu_watch_s: Annotated[float, "nonneg_number"] = 30.0
     straggler: StragglerSpec = field(default_factory=StragglerSpec)
 
     @classmethod

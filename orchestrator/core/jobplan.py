@@ -119,6 +119,8 @@ class LaunchPlan:
     # SLURM without launch.port: the node agents take the rendezvous port from the allocation (node.agent.bind_port), so
     # jobs the scheduler puts on the same nodes do not meet on one port; `port` is then the base
     port_per_job: bool = False
+    # SSH: the cluster's hosts past the first `nodes`, in order: they run nothing and wait as spares (docs/ssh.md)
+    spare_hosts: tuple[str, ...] = ()
 
     def node(self, rank: int) -> NodePlan:
         return self.node_plans[rank]
@@ -135,6 +137,7 @@ class LaunchPlan:
         d["run_paths"] = list(self.run_paths)
         d["gpu_ids"] = list(self.gpu_ids)
         d["env_passthrough"] = list(self.env_passthrough)
+        d["spare_hosts"] = list(self.spare_hosts)
         d["container"] = self.container.to_dict() if self.container is not None else None
         for name in _UNSET_LEFT_OUT:  # fields added after version 1: written when they say something (a built-in
             if d[name] == _DEFAULTS[name]:  # recipe's plan.json keeps its bytes)
@@ -153,6 +156,7 @@ class LaunchPlan:
         d["run_paths"] = tuple(d.get("run_paths", ()))
         d["gpu_ids"] = tuple(d.get("gpu_ids", ()))
         d["env_passthrough"] = tuple(d.get("env_passthrough", ()))
+        d["spare_hosts"] = tuple(d.get("spare_hosts", ()))
         d["container"] = ContainerPlan.from_dict(d["container"]) if d.get("container") else None
         d["parallelism"] = dict(d["parallelism"])
         d["health"] = HealthSpec.from_dict(d.get("health"))
@@ -165,11 +169,11 @@ class LaunchPlan:
 
 _UNSET_LEFT_OUT = ("run_kind", "run_target", "run_paths", "gpus_per_node", "gpu_ids", "allow_idle_gpus",
                    "network_interface", "env_passthrough", "rank_cwd", "node_package", "container", "package_root",
-                   "submitter", "port_per_job")
+                   "submitter", "port_per_job", "spare_hosts")
 _DEFAULTS: dict[str, Any] = {"run_kind": "recipe", "run_target": "", "run_paths": [], "gpus_per_node": None,
                              "gpu_ids": [], "allow_idle_gpus": False, "network_interface": None, "env_passthrough": [],
                              "rank_cwd": "", "node_package": "", "container": None,
-                             "package_root": "", "submitter": "", "port_per_job": False}
+                             "package_root": "", "submitter": "", "port_per_job": False, "spare_hosts": []}
 def needed_packages(run_kind: str, deepspeed: bool = False) -> tuple[str, ...]:
     """The Python packages the ranks' interpreter must have (a host's, or the container image's): torch and
     accelerate always; transformers and trl for a built-in recipe or a TRL subcommand; deepspeed for its profiles."""

@@ -682,7 +682,8 @@ def make_plan(recipe: JobSpec, cluster: ClusterSpec, facts: PlanFacts, notes: tu
         run_target=run_target, run_paths=run_paths, gpus_per_node=layout.gpus_per_node, gpu_ids=layout.subset,
         allow_idle_gpus=recipe.launch.allow_idle_gpus and not cpu, network_interface=ifname,
         env_passthrough=tuple(passed), container=container,
-        port_per_job=cluster.kind == "slurm" and recipe.launch.port is None)
+        port_per_job=cluster.kind == "slurm" and recipe.launch.port is None,
+        spare_hosts=tuple(facts.hosts[nodes:]) if cluster.kind == "ssh" else ())
 
 
 def _job_paths(recipe: JobSpec, facts: PlanFacts, entry: tuple[str, ...]) -> list[tuple[str, str]]:

@@ -115,6 +115,10 @@ def summary(plan: LaunchPlan, max_nodes_shown: int = 8) -> str:
         f"output     {plan.output_dir}" + ("  (your code is not told: run.args carry no --output_dir)"
                                           if own and not _passes_output_dir(plan) else ""),
     ]
+    if plan.cluster_kind == "ssh":
+        lines.append(f"hosts      {', '.join(n.host for n in plan.node_plans)} run the job; "
+                     + (f"spares (wait, take a failed host's place): {', '.join(plan.spare_hosts)}"
+                        if plan.spare_hosts else "no spare hosts"))
     gpus = _gpus(plan)
     if gpus:
         lines.append(f"gpus       {gpus}")

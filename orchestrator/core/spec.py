@@ -637,9 +637,13 @@ def check_run(run: RunSpec, kinds: Mapping[str, str] | None, trl_commands: TrlCo
 # ----------------------------------------------------------------------------------------- loading
 
 def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
-    """Read one YAML file into a plain dict; syntax errors name file:line."""
+    """Read one YAML file into a plain dict; syntax errors name file:line. A relative `recipes/...` or
+    `cluster_configs/...` path that is no file here is the file orchestrate ships (orchestrator.resources)."""
     import yaml
+    from orchestrator.resources import shipped
     p = Path(path)
+    if not p.is_file():
+        p = shipped(path) or p
     if not p.is_file():
         raise ConfigError(Problem(str(path), f"{what} file not found"))
     text = p.read_text()

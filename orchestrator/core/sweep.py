@@ -1,11 +1,22 @@
 """Sweeps, the pure part: `--sweep KEY=V1,V2,...` options expanded into a grid of points before anything is planned.
 
+The values of one `--sweep KEY=VALUES` option (GRAMMAR; docs/sweeps.md):
+
+| VALUES            | points                                              |
+|-------------------|-----------------------------------------------------|
+| `a,b,c`           | a, b, c                                             |
+| `[a,b,c]`         | a, b, c (a list, as people type it)                 |
+| `1..4`, `0..8:2`  | 1, 2, 3, 4 and 0, 2, 4, 6, 8 (integers, ends kept)  |
+| `log:1e-5:1e-3:3` | 1e-05, 0.0001, 0.001 (N values, evenly in log)      |
+| `lin:0:1:5`       | 0, 0.25, 0.5, 0.75, 1 (N values, evenly)            |
+
+To sweep a list-valued key give each list whole: `KEY=[1,2],[3,4]`, or `KEY=[[1,2]]` for one point.
 A point is a list of dotlist overrides (`trainer.learning_rate=1e-05`), applied after the job's own overrides; every
 point becomes one ordinary job (its own id `<sweep id>-p<i>`, run dir, store record and output dir
 `<output dir>/<sweep id>-p<i>`, so no two points share checkpoints or tracker runs). Values are split on commas
 outside brackets and quotes (`--sweep trainer.lr_scheduler_kwargs={a: 1, b: 2},{a: 3}` keeps each mapping whole);
 a key given twice is an error, as is an empty value list. The grid is the product of the options in the order given
-(the last option varies fastest). No I/O here: orchestrator/sweep.py validates every point and runs them.
+(the last option varies fastest). No I/O here: orchestrator/sweeps.py validates every point and runs them.
 """
 
 from __future__ import annotations
@@ -20,6 +31,9 @@ from typing import Any
 from orchestrator.errors import ConfigError, Problem
 
 KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_0-9][A-Za-z0-9_-]*)*$")
+GRAMMAR = "KEY=a,b,c | KEY=[a,b,c] | KEY=1..4[:STEP] | KEY=log:LO:HI:N | KEY=lin:LO:HI:N"
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?::(\d+))?$")
+_SPACED = re.compile(r"^(log|lin):([^:]+):([^:]+):([^:]+)$")
 MAX_POINTS = 1000  # a grid larger than this is almost certainly a typo (say so before planning 10k jobs)
 
 
@@ -56,6 +70,44 @@ def split_values(text: str) -> list[str]:
     return out
 
 
+def _number(text: str) -> float:
+    v = float(text)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(text)
+    return v
+
+
+def values_of(text: str) -> list[str]:
+    """One option's VALUES (after `KEY=`) as the point values; ValueError(why) for a bad range or spacing."""
+    text = text.strip()
+    m = _RANGE.match(text)
+    if m:
+        lo, hi, step = int(m[1]), int(m[2]), int(m[3] or 1)
+        if step < 1 or hi < lo:
+            raise ValueError(f"{text}: a range A..B[:STEP] needs A <= B and STEP >= 1")
+        return [str(v) for v in range(lo, hi + 1, step)]
+    m = _SPACED.match(text)
+    if m:
+        kind, lo_s, hi_s, n_s = m.groups()
+        try:
+            lo, hi, n = _number(lo_s), _number(hi_s), int(n_s)
+        except ValueError:
+            raise ValueError(f"{text}: {kind}:LO:HI:N needs two numbers and a whole N") from None
+        if n < 2 or (kind == "log" and (lo <= 0 or hi <= 0)):
+            raise ValueError(f"{text}: {kind}:LO:HI:N needs N >= 2" + (" and LO, HI > 0" if kind == "log" else ""))
+        if kind == "log":
+            vals = [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
+        else:
+            vals = [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+        return [f"{v:.6g}" for v in vals]
+    if re.match(r"^(log|lin):", text) or re.match(r"^-?\d+\.\.", text):
+        raise ValueError(f"{text}: not a range or a spacing")
+    values = split_values(text)
+    if len(values) == 1 and values[0].startswith("[") and values[0].endswith("]"):
+        values = split_values(values[0][1:-1])  # [a,b,c]: the list's items are the values
+    return values
+
+
 def parse(options: list[str]) -> list[tuple[str, list[str]]]:
     """The --sweep options as (key, values); every problem named (ConfigError, exit 2)."""
     problems: list[Problem] = []
@@ -66,9 +118,13 @@ def parse(options: list[str]) -> list[tuple[str, list[str]]]:
         key = key.strip()
         where = f"--sweep {opt}"
         if not sep or not KEY.match(key):
-            problems.append(Problem(where, "must be KEY=V1,V2,... (a dotted key, then the values)"))
+            problems.append(Problem(where, f"must be one of {GRAMMAR} (KEY a dotted key)"))
             continue
-        values = split_values(rest)
+        try:
+            values = values_of(rest)
+        except ValueError as e:
+            problems.append(Problem(where, f"{e}; the grammar: {GRAMMAR}"))
+            continue
         if any(v == "" for v in values):
             problems.append(Problem(where, "an empty value (two commas in a row, or one at an end)"))
             continue
@@ -115,8 +171,13 @@ def check_parallel(max_parallel: int | None, points: int) -> int:
 def block_options(grid: Mapping[str, Any]) -> list[str]:
     """A job file's `sweep.grid` as --sweep options; each value written as JSON, which the dotlist reads back as the
     same value (a string stays a string: `"cosine"`; a list or mapping stays whole)."""
-    return [f"{key}=" + ",".join(json.dumps(v) for v in (values if isinstance(values, list) else [values]))
-            for key, values in grid.items()]
+    def option(key: str, values: Any) -> str:
+        if isinstance(values, str) and (_RANGE.match(values.strip()) or _SPACED.match(values.strip())):
+            return f"{key}={values.strip()}"  # `lr: "log:1e-5:1e-3:4"` in the file: the same grammar
+        vals = values if isinstance(values, list) else [values]
+        text = ",".join(json.dumps(v) for v in vals)
+        return f"{key}=[{text}]" if len(vals) == 1 and isinstance(vals[0], list) else f"{key}={text}"
+    return [option(key, values) for key, values in grid.items()]
 
 
 def merge_options(block: list[str], given: list[str]) -> list[str]:

@@ -36,7 +36,6 @@ from orchestrator.node.rundir import EXIT_MARK, AgentRecord, ExitRecord, RunDir,
 MODULE = "orchestrator.node"  # `python -m orchestrator.node RUN_DIR ...` runs `main` below
 HOOKS_DIR = Path(__file__).resolve().parent / "hooks"  # zero-code health hooks for the ranks (sitecustomize)
 EARLIER_CONTAINER_GRACE = 30.0  # seconds an earlier attempt's container gets to end (Agent.end_earlier_container)
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # holds orchestrator/ and recipes/ (what a container mounts)
 
 RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
 EMULATE_FLAG = "--emulate"  # SPEC: ORCHESTRATE_EMULATE for an agent that does not inherit the submitter's env
@@ -139,6 +138,7 @@ class Agent:
         self.relay: RankRelay | None = None  # node.ranklines.RankRelay: the ranks' output, tagged by rank (start_relay)
         self.subreaper = False  # this process is its launch's child subreaper (main; proctools.sweep_launch)
         self.watch = None  # node.rankwatch.RankWatch once watch_ranks started it: the ranks' pids it found
+        self.gpu_fault = ""  # the GPU watch's fatal finding that ended this node (watch_gpus)
 
     @property
     def emulated(self) -> bool:
@@ -193,12 +193,13 @@ class Agent:
         """`inner` (the launcher's argv, bound) in this job's container, built by the one builder (core.container)."""
         import dataclasses
         from orchestrator.core.container import Mount, node_argv
+        from orchestrator.resources import package_root  # holds orchestrator/ and recipes/ (what a container mounts)
         cp = self.plan.container
         assert cp is not None
         cp = dataclasses.replace(cp, mounts=tuple(Mount(os.path.expanduser(m.host), m.path, m.mode) for m in cp.mounts))
         staged_root = str(self.run_dir.parent.parent) if self.plan.node_package else ""  # WORKDIR: runs, cache, outputs
         return node_argv(cp, inner, job_id=self.plan.job_id, node_rank=self.rank, run_dir=str(self.run_dir),
-                         package=str(PACKAGE_ROOT), cwd=cwd or os.getcwd(), token=self.token,
+                         package=str(package_root()), cwd=cwd or os.getcwd(), token=self.token,
                          env_names=self.container_env_names(secrets), roots=(staged_root,) if staged_root else ())
 
     # ---- network interface and GPUs of this node (docs/gpus.md): bound and checked before the launch starts
@@ -247,13 +248,16 @@ class Agent:
         are checked by their launcher's pre-flight instead."""
         if self.plan.accelerator != "gpu" or self.plan.cluster_kind != "slurm":
             return None
-        from orchestrator.core.gpuhealth import judge, verdict
+        from orchestrator.core.gpuhealth import judge, kernel_log_note, verdict
         from orchestrator.node import gpus
         host = socket.gethostname()
         visible = gpus.visible()  # SLURM's allocation: judge those
         used = tuple(int(v) for v in visible if v.isdigit()) if visible is not None else None
-        findings = judge(host, gpus.health(diag=self.plan.health.gpu_diag == "dcgm"), used,
-                         self.plan.health.gpu_diag == "dcgm")
+        health = gpus.health(diag=self.plan.health.gpu_diag == "dcgm")
+        if note := kernel_log_note(host, health):
+            os.write(2, f"orchestrate node agent: warning: GPU health: {note}\n".encode())
+        findings = judge(host, health, used, self.plan.health.gpu_diag == "dcgm",
+                         float(getattr(self.plan.health, "xid_lookback_s", 0) or 0))
         refused, warned, excluded = verdict(findings, self.plan.health.gpu_check)
         for f in warned:
             if f.host not in excluded:
@@ -335,6 +339,30 @@ class Agent:
             os.write(2, f"PreflightError: {self.preflight_error}\n".encode())
             self.stop(f"network pre-flight: {why}")
         threading.Thread(target=run, daemon=True, name="main-reachable").start()
+
+    def watch_gpus(self) -> None:
+        """GPU health during the job (orchestrator.node.gpuwatch), every health.gpu_watch_s (0: off), on a GPU node: a
+        new fatal finding (host and GPU named) stops this node with that cause, said as one `GpuHealthError:` line."""
+        every = float(getattr(self.plan.health, "gpu_watch_s", 0) or 0)
+        if every <= 0 or self.plan.accelerator != "gpu":
+            return
+        from orchestrator.node.gpus import visible
+        from orchestrator.node.gpuwatch import GpuWatch
+        vis = visible(self.node_env())
+        used = tuple(int(v) for v in vis if v.isdigit()) if vis is not None and all(v.isdigit() for v in vis) else None
+        watch = GpuWatch(self.rd, self.rank, self.plan.node(self.rank).host or socket.gethostname(), used, every,
+                         self.plan.health.gpu_check)
+
+        def run() -> None:
+            while not self.stopping.is_set() and not self.launch_done.is_set():
+                fault = watch.poll()
+                if fault and not self.stopping.is_set() and not self.launch_done.is_set():
+                    self.gpu_fault = fault
+                    os.write(2, f"GpuHealthError: GPU watch: {fault}\n".encode())
+                    self.stop(f"GPU watch: {fault}")
+                    return
+                self.launch_done.wait(every)
+        threading.Thread(target=run, daemon=True, name="gpu-watch").start()
 
     def start(self, secrets: dict[str, str]) -> bool:
         """Start the launch; False when a stop was asked for before it could start."""
@@ -590,6 +618,9 @@ class Agent:
         preempted = code != 0 and not hang and not self.stop_reason and self.ranks_preempted()
         if hang:
             code = 124
+        elif self.gpu_fault:
+            from orchestrator.node.gpuwatch import EXIT_CODE as GPU_FAULT
+            code = GPU_FAULT
         elif self.preflight_error:
             from orchestrator.node.preflight import EXIT_CODE
             code = EXIT_CODE
@@ -597,9 +628,9 @@ class Agent:
             code = self.rank_death.exit_code
         self.record_exit(ExitRecord(
             returncode=0 if preempted else code, time=time.time(), signal=sig, launch_returncode=code,
-            stop_reason="" if self.preflight_error else self.stop_reason,  # a failed pre-flight: the node's own
+            stop_reason="" if self.preflight_error or self.gpu_fault else self.stop_reason,  # the node's own failure
             preempted=preempted, hang=hang or None, rank_death=self.rank_death.describe() if self.rank_death else None,
-            host=socket.gethostname()))
+            host=socket.gethostname(), gpu_fault=self.gpu_fault or None))
         # A node whose ranks all saved a checkpoint on a preemption signal and stopped has done its job:
         # exit 0, so `srun --kill-on-bad-exit` does not kill other nodes still saving.
         return 0 if preempted else code
@@ -815,6 +846,7 @@ def main(argv: list[str] | None = None) -> int:
         agent.monitor()
     if not emulated:
         agent.watch_main_reachable()
+        agent.watch_gpus()
     code = agent.wait()
     if lease is not None:
         lease.release()  # (the exit would too; said here so the lease visibly lives as long as the job)

@@ -138,10 +138,10 @@ def bind_visible(planned: str, inherited: list[str] | None) -> tuple[str, str | 
 # ------------------------------------------------------------------------------------------------ health
 
 HEALTH_QUERY = ("--query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,"
-                "remapped_rows.failure,remapped_rows.pending,persistence_mode,compute_mode,memory.used",
-                "--format=csv,noheader,nounits")
+                "remapped_rows.failure,remapped_rows.pending,persistence_mode,compute_mode,memory.used,"
+                "clocks_throttle_reasons.active", "--format=csv,noheader,nounits")
 HEALTH_FIELDS = ("index", "pci_bus", "ecc_uncorrected_volatile", "retired_pages_pending", "remapped_rows_failure",
-                 "remapped_rows_pending", "persistence_mode", "compute_mode", "memory_used_mib")
+                 "remapped_rows_pending", "persistence_mode", "compute_mode", "memory_used_mib", "throttle")
 APPS_QUERY = ("--query-compute-apps=gpu_bus_id,pid,used_memory", "--format=csv,noheader,nounits")
 _UNKNOWN = ("[N/A]", "[Not Supported]", "N/A", "")
 
@@ -165,11 +165,15 @@ def _bus(text: str) -> str:
 
 
 def xid_events(text: str) -> list[dict[str, Any]]:
-    """`NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.` lines of a kernel log -> records."""
+    """`[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.` lines of a kernel log ->
+    records {pci_bus, xid, text, t}: `t` the kernel's stamp (seconds since boot; the node's CLOCK_MONOTONIC, which
+    `time.monotonic()` reads, counts the same), None for a line printed without one."""
     import re
     out = []
-    for m in re.finditer(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),?\s*(.*)", text):
-        out.append({"pci_bus": _bus(m.group(1)), "xid": int(m.group(2)), "text": m.group(3).strip()[:160]})
+    line = r"^(?:\[\s*(\d+(?:\.\d+)?)\])?[^\n]*?NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),?[ \t]*(.*)$"
+    for m in re.finditer(line, text, re.MULTILINE):
+        out.append({"pci_bus": _bus(m.group(2)), "xid": int(m.group(3)), "text": m.group(4).strip()[:160],
+                    "t": float(m.group(1)) if m.group(1) else None})
     return out
 
 
@@ -209,12 +213,14 @@ def dcgm_diag(timeout: float = 600.0) -> dict[str, Any]:
     return {"ran": True, "failures": failures, "error": None if r.returncode in (0, 226) else f"exit {r.returncode}"}
 
 
-def health(diag: bool = False, timeout: float = 30.0) -> dict[str, Any]:
+def health(diag: bool = False, timeout: float = 30.0, apps: bool = True) -> dict[str, Any]:
     """What the node says of its GPUs' health, for the pre-flight's judge (orchestrator.core.gpuhealth):
     {"gpus": [{index, pci_bus, ecc_uncorrected_volatile, retired_pages_pending, remapped_rows_failure,
     remapped_rows_pending, persistence_mode, compute_mode, memory_used_mib, processes: [{pid, used_mib}]}],
-    "xid": [{pci_bus, xid, text}] or None (kernel log unreadable: "xid_error" says why), "dcgm": {...} when asked,
-    "error": why nvidia-smi could not tell}."""
+    "xid": [{pci_bus, xid, text, t}] or None (kernel log unreadable: "xid_error" says why), "clock": the node's
+    time.monotonic() when the kernel log was read (the XIDs' look-back counts back from it), "dcgm": {...} when
+    asked, "error": why nvidia-smi could not tell}. `apps` False: the processes are not asked (the GPU watch: the
+    job's own), one nvidia-smi less."""
     out: dict[str, Any] = {"gpus": [], "xid": None, "xid_error": None, "error": None}
     smi = nvidia_smi()
     if not smi:  # nothing to ask (not a finding: the GPUs' own checks need the driver's tool)
@@ -223,8 +229,11 @@ def health(diag: bool = False, timeout: float = 30.0) -> dict[str, Any]:
     try:
         r = subprocess.run([smi, *HEALTH_QUERY], capture_output=True, text=True, timeout=timeout,
                            stdin=subprocess.DEVNULL)
-        apps = subprocess.run([smi, *APPS_QUERY], capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        if r.returncode != 0 and "valid field" in r.stdout + r.stderr:  # a driver without the throttle field: the rest
+            r = subprocess.run([smi, HEALTH_QUERY[0].rsplit(",", 1)[0], HEALTH_QUERY[1]], capture_output=True,
+                               text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        procs = subprocess.run([smi, *APPS_QUERY], capture_output=True, text=True, timeout=timeout,
+                               stdin=subprocess.DEVNULL) if apps else None
     except (OSError, subprocess.TimeoutExpired) as e:
         out["error"] = f"{smi}: {e}"
         return out
@@ -235,18 +244,20 @@ def health(diag: bool = False, timeout: float = 30.0) -> dict[str, Any]:
     by_bus: dict[str, dict[str, Any]] = {}
     for line in r.stdout.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != len(HEALTH_FIELDS) or not parts[0].isdigit():
+        if len(parts) not in (len(HEALTH_FIELDS), len(HEALTH_FIELDS) - 1) or not parts[0].isdigit():
             continue
-        gpu = {k: _value(v) for k, v in zip(HEALTH_FIELDS, parts, strict=True)}
+        gpu = {k: _value(v) for k, v in zip(HEALTH_FIELDS[:len(parts)], parts, strict=True)}  # (no throttle: left out)
         gpu["pci_bus"] = _bus(parts[1])
         gpu["processes"] = []
         out["gpus"].append(gpu)
         by_bus[gpu["pci_bus"]] = gpu
-    if apps.returncode == 0:
-        for line in apps.stdout.splitlines():
+    if procs is not None and procs.returncode == 0:
+        for line in procs.stdout.splitlines():
             parts = [p.strip() for p in line.split(",")]
             if len(parts) == 3 and parts[1].isdigit() and _bus(parts[0]) in by_bus:
                 by_bus[_bus(parts[0])]["processes"].append({"pid": int(parts[1]), "used_mib": _value(parts[2])})
+    import time
+    out["clock"] = time.monotonic()
     log, why = kernel_log()
     out["xid"], out["xid_error"] = (xid_events(log), None) if log is not None else (None, why)
     if diag:

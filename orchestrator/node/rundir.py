@@ -15,6 +15,8 @@ RUN_DIR/nodes/<R>/accelerate.yaml    node R's accelerate config (node agent, at 
 RUN_DIR/nodes/<R>/command.txt        what node R runs, env with secrets masked (submitter, for humans)
 RUN_DIR/nodes/<R>/agent.json         AgentRecord: pids, groups, host, launch token (node agent)
 RUN_DIR/nodes/<R>/exit.json          ExitRecord: how node R's launch ended and why (node agent)
+RUN_DIR/nodes/<R>/gpu_watch.json     GpuWatchRecord: node R's GPU watch during the job, its findings and warnings
+                                     (node agent, orchestrator.node.gpuwatch)
 RUN_DIR/nodes/<R>/output/rank<G>     named pipe: rank G's stdout+stderr, tagged `[rankG]: ` by the node agent
                                      (node.ranklines; opened by the rank's start-up hook; exists during the launch)
 RUN_DIR/logs/node<R>.log             node R's output (the backend)
@@ -22,6 +24,8 @@ RUN_DIR/heartbeats/rank<G>.jsonl     per-rank heartbeat records, docs/CONTRACT.m
 RUN_DIR/heartbeats/rank<G>.exit      {"pid", "code"}: how rank G left Python's exit (its start-up hooks; removed
                                      by the node agent before each launch)
 RUN_DIR/stacks/rank<G>.txt           py-spy stacks of a hung job's ranks (node agent / supervisor)
+RUN_DIR/tracking.json                {"mlflow": {"run_id", "experiment_id", "tracking_uri", "t"}}: the job's one
+                                     MLflow run, as rank 0 named it (supervisor, from its "tracking" heartbeat)
 RUN_DIR/outcome.json                 how the job's last attempt ended, per node, as judged: {"state", "exit_code",
                                      "signal", "root_cause", "by", "t", "nodes": [{"node", "host", "end",
                                      "exit_code", "signal", "note"}], "teardown_at": when the supervisor told the
@@ -41,7 +45,7 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -99,6 +103,7 @@ class ExitRecord:
     hang: str | None = None  # the agent's own hang verdict (SLURM: in-allocation monitor)
     rank_death: str | None = None  # "rank 1 (pid N) died of SIGKILL (exit -9) before finishing"
     host: str = ""  # the host the agent ran on (a node refused before its launch has no agent.json to say so)
+    gpu_fault: str | None = None  # the GPU watch ended the node: "XID 79 (...) on GPU 1 of gpu02" (node.gpuwatch)
     unwritten: str = ""  # only in the copy an agent printed (EXIT_MARK) because this file could not be written: why
 
     def end(self) -> str:
@@ -111,8 +116,27 @@ class ExitRecord:
         return "preempted" if self.preempted else "done" if self.returncode == 0 else "failed"
 
     def note(self) -> str:
-        return self.rank_death or self.hang or self.stop_reason or (
+        return self.rank_death or self.gpu_fault or self.hang or self.stop_reason or (
             f"exit record could not be written: {self.unwritten}" if self.unwritten else "")
+
+
+@dataclass(frozen=True)
+class GpuWatchRecord:
+    """nodes/<R>/gpu_watch.json: the node's GPU watch (orchestrator.node.gpuwatch), rewritten by its agent each poll."""
+
+    host: str = ""
+    every_s: float = 0.0  # health.gpu_watch_s
+    since: float = 0.0  # the watch's start on the node's monotonic clock (XIDs stamped before it are not the job's)
+    used: list[int] | None = None  # the GPUs watched (None: every GPU of the node)
+    polls: int = 0
+    t: float = 0.0  # wall clock of the last poll
+    findings: list[str] = field(default_factory=list)  # every new finding seen, host and GPU named
+    warnings: list[str] = field(default_factory=list)  # said once each: kernel log unreadable, throttling, ...
+    fault: str | None = None  # the finding that ended the attempt
+
+    def with_(self, **changes: Any) -> "GpuWatchRecord":
+        from dataclasses import replace
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -159,6 +183,7 @@ class RunDir:
     STRAGGLERS = "stragglers.json"  # the supervisor's straggler verdicts and each rank's evidence (core.health)
     RESUMED = "resumed_from.json"  # another job's checkpoint this job began from, as asked (api.check_resume)
     OUTCOME = "outcome.json"  # the last attempt's end as judged, per node (supervisor / reconciling status)
+    TRACKING = "tracking.json"  # the job's tracker run (MLflow), as rank 0 named it in a "tracking" heartbeat record
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
@@ -272,6 +297,12 @@ class RunDir:
     def write_exit(self, rank: int, rec: ExitRecord) -> None:
         self.write_json(self.node_rel(rank, "exit.json"), asdict(rec))
 
+    def write_gpu_watch(self, rank: int, rec: GpuWatchRecord) -> None:
+        self.write_json(self.node_rel(rank, "gpu_watch.json"), asdict(rec))
+
+    def gpu_watch(self, rank: int) -> GpuWatchRecord | None:
+        return _from(GpuWatchRecord, self._json(self.node_rel(rank, "gpu_watch.json")))
+
     def reserve_exit(self, rank: int) -> None:
         """Keep room for node `rank`'s exit record (RESERVE_BYTES in nodes/<R>/.exit.reserve): a filesystem that
         fills up while the job runs (a full ORCHESTRATE_HOME) still takes the record at the end. Best effort."""
@@ -333,6 +364,27 @@ class RunDir:
         """stragglers.json: {"named": [Straggler.to_dict() + "t", "attempt", "action"], "evidence": {rank: s},
         "t"}; {} when nothing was judged."""
         data = self._json(self.STRAGGLERS)
+        return data if isinstance(data, dict) else {}
+
+    def write_tracking(self, rec: dict) -> bool:
+        """Keep the tracker run that rank 0's "tracking" heartbeat record names (orchestrate_tracking), as
+        {tracker: {"run_id", "experiment_id", "tracking_uri", "t"}}; written only when it changes (True: written).
+        Never raises."""
+        tracker = str(rec.get("tracker") or "")
+        entry = {k: rec.get(k) for k in ("run_id", "experiment_id", "tracking_uri")}
+        data = self.tracking()
+        if not tracker or not entry["run_id"] or {k: (data.get(tracker) or {}).get(k) for k in entry} == entry:
+            return False
+        data[tracker] = dict(entry, t=rec.get("t"))
+        try:
+            self.write_json(self.TRACKING, data)
+        except OSError:
+            return False
+        return True
+
+    def tracking(self) -> dict:
+        """{tracker: {"run_id", "experiment_id", "tracking_uri", "t"}}: the job's tracker runs; {} when none."""
+        data = self._json(self.TRACKING)
         return data if isinstance(data, dict) else {}
 
     def request_cancel(self, by: str) -> None:

@@ -2,9 +2,9 @@
 
 Every fact comes through the readers the CLI uses: the store (`JobStore`), `views` (job_status, rank_rows,
 notable_ranks/nodes, job_progress, job_times, group_sweeps), `plot` (job_curves, sweep_curves, series), `logtail`
-(LogTail), `heartbeat.read_since`, `sweep` (read_sweep, table_rows, point_of), `render` (summary, node_command_text:
-the env masked as `render` masks it) and `api.queue_positions`. The one action is `api.cancel`. Nothing here knows a
-run-dir path or a store rule of its own; when the public Python API lands, only this module changes.
+(LogTail), `heartbeat.read_since`, `sweeps` (read_sweep, table_rows, point_of), `render` (summary, node_command_text:
+the env masked as `render` masks it) and `running.queue_positions`. The one action is the public API's
+`Job.cancel`. Nothing here knows a run-dir path or a store rule of its own.
 
 Reading never writes: a job recorded as running whose supervisor is gone is shown as the store has it, marked
 `stale` (`orchestrate status` reconciles it with its backend).
@@ -118,7 +118,7 @@ def read_jobs(state: str = "", backend: str = "", cluster: str = "", text: str =
               now: float | None = None) -> dict[str, Any]:
     """`jobs`, read now."""
     from orchestrator.cli.views import group_sweeps, job_progress, job_times
-    from orchestrator.sweep import point_of
+    from orchestrator.sweeps import point_of
     now = time.time() if now is None else now
     store = _store()
     recs = store.list(None)
@@ -148,8 +148,8 @@ def read_jobs(state: str = "", backend: str = "", cluster: str = "", text: str =
 
 
 def queue_positions(recs=None) -> dict[str, int]:
-    from orchestrator import api
-    return api.queue_positions(recs)
+    from orchestrator.running import queue_positions as positions
+    return positions(recs)
 
 
 # ------------------------------------------------------------------------------------------------ one job
@@ -266,25 +266,22 @@ def log(job_id: str, rank: int | None = None, node: int | None = None, text: str
         node = 0
     tail = LogTail(rec.run_dir, node=node, rank=rank, grep=re.escape(text) if text else None,
                    tail_bytes=LOG_TAIL_BYTES, offsets=offsets)
-    lines = tail.read(max_bytes=LOG_READ_BYTES)
+    lines = list(tail.lines(max_bytes=LOG_READ_BYTES))
     return {"lines": lines[-2000:], "offsets": tail.positions(), "node": tail.node, "state": rec.state}
 
 
 def cancel(job_id: str) -> str:
-    """Cancel through the API (the supervisor tears every node down and records CANCELLED); returns the final state."""
-    from orchestrator import api
-    from orchestrator.types import is_terminal
-    rec = record(job_id)
-    if is_terminal(rec.state):
-        return rec.state
-    return api.cancel(rec.id)
+    """Cancel through the public API (`Job.cancel`: the supervisor tears every node down and records CANCELLED);
+    returns the final state."""
+    from orchestrator.client import Job
+    return Job(record(job_id).id).cancel()
 
 
 # ------------------------------------------------------------------------------------------------ sweeps, queue
 
 def sweep(sweep_id: str) -> dict[str, Any]:
     """A sweep's page: its points as `orchestrate sweep` lists them (sorted by final loss), the best point."""
-    from orchestrator import sweep as sweeps
+    from orchestrator import sweeps
     if not JOB_ID.match(sweep_id or "") or not sweep_id.startswith("sweep-"):
         raise NotFound(sweep_id)
     doc = sweeps.read_sweep(sweep_id)
@@ -299,7 +296,7 @@ def sweep(sweep_id: str) -> dict[str, Any]:
 
 def sweep_curves(sweep_id: str) -> dict[str, Any]:
     """Rank 0's loss of every point (plot.sweep_curves: what `plot SWEEP_ID` draws)."""
-    from orchestrator import sweep as sweeps
+    from orchestrator import sweeps
     from orchestrator.cli.plot import sweep_curves as curves
     doc = sweeps.read_sweep(sweep_id) if JOB_ID.match(sweep_id or "") else None
     if doc is None:

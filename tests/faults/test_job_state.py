@@ -16,6 +16,7 @@ import pytest
 
 from helpers import PYTHON, cli, wait_gone, wait_until
 from orchestrator import api
+from orchestrator import running
 from orchestrator.core.render import render_files
 from orchestrator.node.proctools import marked
 from orchestrator.node.rundir import RunDir
@@ -113,7 +114,7 @@ def test_restart_with_start_up_slower_than_stall_timeout_completes(tmp_path, job
         for n in prep.plan.node_plans))
     prep = dataclasses.replace(prep, plan=plan, files=render_files(plan, prep.recipe.to_dict()))
     job_guard.run_dir(plan.run_dir)
-    res = api.submit(prep)
+    res = running.submit(prep)
     assert res.state == "COMPLETED", res.root_cause
     assert res.restarts == 1 and (out / "attempts").read_text() == "2"
     rec = JobStore().get(plan.job_id)

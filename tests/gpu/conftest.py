@@ -85,10 +85,11 @@ def gpu_hosts(gpu_testbed, tmp_path):
     from orchestrator.core.spec import parse_cluster
 
     def make(gpus: dict[str, int], network_interface: str | None = "lo", accelerator: str = "gpu",
-             health: dict | None = None, **over):
+             health: dict | None = None, health_file: Path | None = None, **over):
         table = tmp_path / f"gpus-{uuid.uuid4().hex[:6]}.json"
         table.write_text(json.dumps(gpus))
-        health_table = tmp_path / f"health-{uuid.uuid4().hex[:6]}.json"  # {host: {"GPU index": {field: value}}}
+        # {host: {"GPU index": {field: value}}}; `health_file`: the caller's, to change while a job runs
+        health_table = health_file or tmp_path / f"health-{uuid.uuid4().hex[:6]}.json"
         health_table.write_text(json.dumps(health or {}))
         wrapper = tmp_path / f"python-{uuid.uuid4().hex[:6]}"
         wrapper.write_text(f"#!/bin/sh\nPATH={FAKES}:$PATH FAKE_NVIDIA_GPUS_MAP={table} "

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.api import PROFILE_DIR
+from orchestrator.resources import profile_path
 from orchestrator.core.jobplan import LATE_IFNAME, LaunchPlan
 from orchestrator.core.plan import PlanFacts, make_plan
 from orchestrator.core.render import render_files, summary
@@ -37,7 +37,7 @@ def recipe(**launch):
 def facts(cluster, accelerator="gpu", profile="multi_gpu", **kw):
     return PlanFacts(job_id="gpu-job", run_dir="/shared/runs/gpu-job", output_dir="/out/sft",
                      python="/opt/venv/bin/python", port=29500, accelerator=accelerator, profile_name=profile,
-                     profile_config=yaml.safe_load((PROFILE_DIR / f"{profile}.yaml").read_text()),
+                     profile_config=yaml.safe_load(profile_path(profile).read_text()),
                      model_facts={"num_attention_heads": 4, "num_key_value_heads": 2},
                      hosts=cluster.ssh.hosts if cluster.ssh else (), **kw)
 

@@ -34,20 +34,20 @@ def _prepare(tag: str, *overrides: str, nodes: int = 2):
 
 
 def _submit(prep):
-    from orchestrator import api
+    from orchestrator import running
     t0 = time.monotonic()
-    res = api.submit(prep)
+    res = running.submit(prep)
     return res, time.monotonic() - t0
 
 
 def test_gpus_only_some_nodes_have_are_refused_with_the_nodes_named(slurm_gres_cluster):
-    from orchestrator import api
+    from orchestrator import running
     from orchestrator.errors import ConfigError
     prep = _prepare("gres8", "cluster.accelerator=gpu", "cluster.slurm.gpus_per_node=8",
                     "cluster.slurm.max_gpus_per_node=8")
     assert prep.plan.procs_per_node == 8  # auto: one per allocated GPU
     with pytest.raises(ConfigError) as e:
-        api.submit(prep)
+        running.submit(prep)
     msg = {p.where: p.message for p in e.value.problems}["slurm.gpus_per_node"]
     assert "SLURM rejects the job" in msg
     assert "GPUs per node: node1 8, node2 2, node3 2: 1 node(s) have 8 or more: node1" in msg, msg
@@ -141,6 +141,7 @@ def test_a_node_whose_gpu_fails_its_health_check_is_excluded_from_the_next_alloc
     --exclude=node2, runs on node1 and node3 (the spare) and completes; restarts.jsonl and status say why."""
     import json
     from orchestrator import api
+    from orchestrator import running
     from slurm_helpers import WORK, wait_clean
     table = tmp_path / "health.json"
     table.write_text(json.dumps({"node2": {"1": {"ecc.errors.uncorrected.volatile.total": 3}}}))
@@ -154,7 +155,7 @@ def test_a_node_whose_gpu_fails_its_health_check_is_excluded_from_the_next_alloc
     prep = api.prepare(str(job), str(REPO / "cluster_configs" / "slurm_local.yaml"), cwd=tmp_path, overrides=[
         f"cluster.slurm.python={sys.executable}", f"cluster.slurm.workdir={work}", "cluster.accelerator=gpu",
         "cluster.slurm.gpus_per_node=2", f"launch.port={random.randint(20000, 29000)}"])
-    res = api.submit(prep)
+    res = running.submit(prep)
     assert res.state == "COMPLETED", res
     run_dir = Path(prep.plan.run_dir)
     attempts = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]

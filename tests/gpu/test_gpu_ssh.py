@@ -93,6 +93,7 @@ def test_preflight_refuses_what_the_hosts_gpus_cannot_run(gpu_testbed, gpu_hosts
 
 def test_bogus_interface_is_named_by_the_probe_in_seconds(gpu_testbed, gpu_hosts, home, job_guard):
     from orchestrator import api
+    from orchestrator import running
     from orchestrator.errors import PreflightError
     a, b = gpu_testbed.hosts[:2]
     _, path = gpu_hosts({a: 0, b: 0}, network_interface="bogus0", accelerator="cpu")
@@ -100,7 +101,7 @@ def test_bogus_interface_is_named_by_the_probe_in_seconds(gpu_testbed, gpu_hosts
     job_guard.run_dir(home / "runs" / prep.plan.job_id, *_remote_run_dirs(gpu_testbed, prep.plan))
     t0 = time.monotonic()
     with pytest.raises(PreflightError) as e:
-        api.submit(prep)
+        running.submit(prep)
     took = time.monotonic() - t0
     msgs = {p.where: p.message for p in e.value.problems}
     for host in (a, b):
@@ -113,6 +114,7 @@ def test_bogus_interface_is_named_by_the_probe_in_seconds(gpu_testbed, gpu_hosts
 @pytest.mark.slow
 def test_dropped_rendezvous_port_is_a_named_failure_in_seconds(gpu_testbed, gpu_hosts, home, job_guard, nft_drop):
     from orchestrator import api
+    from orchestrator import running
     a, b = gpu_testbed.hosts[:2]
     _, path = gpu_hosts({a: 0, b: 0}, accelerator="cpu")
     port = free_port()
@@ -123,7 +125,7 @@ def test_dropped_rendezvous_port_is_a_named_failure_in_seconds(gpu_testbed, gpu_
     job_guard.run_dir(local, *_remote_run_dirs(gpu_testbed, prep.plan))
     nft_drop(port, daddr=a)  # a firewall on the main host drops its rendezvous port
     t0 = time.monotonic()
-    res = api.submit(prep)
+    res = running.submit(prep)
     took = time.monotonic() - t0
     assert res.state == "FAILED", res
     assert res.root_cause.startswith(f"node 1 ({b}) failed: exit code 69 | PreflightError: network pre-flight failed: "

@@ -84,6 +84,7 @@ def test_an_agent_that_loses_the_race_sends_the_attempt_back_to_waiting(fake_loc
     the holder is gone."""
     import threading
     from orchestrator import api
+    from orchestrator import running
     from orchestrator.node import lease
     from orchestrator.store import JobStore
     fake_local_gpus(2)
@@ -102,7 +103,7 @@ def test_an_agent_that_loses_the_race_sends_the_attempt_back_to_waiting(fake_loc
         if kind == "queued" and holder.poll() is None:
             threading.Timer(1.0, holder.kill).start()
     prepared = api.prepare(str(_job(tmp_path, "race", [0])), cwd=REPO)
-    result = api.submit(prepared, on_event=on_event)
+    result = running.submit(prepared, on_event=on_event)
     assert result.state == "COMPLETED", result
     queued = [d for k, d in events if k == "queued"]
     assert queued and "GPU 0 of localhost is leased by job j-holder" in queued[0]["line"], events

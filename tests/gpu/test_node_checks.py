@@ -71,7 +71,7 @@ def test_wait_reachable_answers_refuses_and_drops():
 
 def _plan(cluster: dict, procs: int = 1, **launch):
     import yaml
-    from orchestrator.api import PROFILE_DIR
+    from orchestrator.resources import profile_path
     from orchestrator.core.plan import PlanFacts, make_plan
     from orchestrator.core.spec import parse_cluster, parse_recipe
     c = parse_cluster(cluster)
@@ -79,7 +79,7 @@ def _plan(cluster: dict, procs: int = 1, **launch):
                       "launch": dict(nodes=2, procs_per_node=procs, **launch)})
     return make_plan(r, c, PlanFacts(job_id="j", run_dir="/r", output_dir="/o", python=sys.executable, port=29500,
                                      accelerator="gpu", profile_name="multi_gpu",
-                                     profile_config=yaml.safe_load((PROFILE_DIR / "multi_gpu.yaml").read_text()),
+                                     profile_config=yaml.safe_load(profile_path("multi_gpu").read_text()),
                                      hosts=c.ssh.hosts if c.ssh else ()))
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import api
+from orchestrator import running
 import jobrun
 from orchestrator.core.jobplan import LaunchPlan
 from orchestrator.node.proctools import alive, group_members, marked
@@ -72,7 +73,7 @@ def wait_gone(pids: list[int], timeout: float) -> float:
 def test_ranks_join_one_group_across_nodes(tmp_path, nodes, ppn, monkeypatch):
     monkeypatch.setenv("PROBE_TOKEN", "s3cr3t-canary-value")
     prep, out = probe_prepared(tmp_path, nodes, ppn, "once")
-    result = api.submit(prep)
+    result = running.submit(prep)
     assert result.state == "COMPLETED", result
     world = nodes * ppn
     seen = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
@@ -92,7 +93,7 @@ def test_ranks_join_one_group_across_nodes(tmp_path, nodes, ppn, monkeypatch):
 def test_failing_rank_fails_job_and_names_it(tmp_path):
     prep, out = probe_prepared(tmp_path, 2, 1, "fail:1")
     t0 = time.monotonic()
-    result = api.submit(prep)
+    result = running.submit(prep)
     assert result.state == "FAILED"
     assert result.returncode != 0
     assert result.root_cause.startswith("node 1 (localhost) failed"), result.root_cause
@@ -126,9 +127,9 @@ def test_sigkilled_rank_tears_down_every_node(tmp_path):
 def test_ctrl_c_stops_everything(tmp_path, job_guard):
     prep, out = probe_prepared(tmp_path, 2, 1, "loop")
     script = (f"import sys, dataclasses; sys.path.insert(0, {str(REPO)!r})\n"
-              "from orchestrator import api\nfrom orchestrator.core.jobplan import LaunchPlan\n"
+              "from orchestrator import running\nfrom orchestrator.core.jobplan import LaunchPlan\n"
               f"import pickle; prep = pickle.load(open({str(tmp_path / 'prep.pkl')!r}, 'rb'))\n"
-              "r = api.submit(prep)\nprint('RESULT', r.state, r.returncode, flush=True)\n"
+              "r = running.submit(prep)\nprint('RESULT', r.state, r.returncode, flush=True)\n"
               "sys.exit(r.returncode)\n")
     import pickle
     (tmp_path / "prep.pkl").write_bytes(pickle.dumps(prep))
@@ -165,8 +166,8 @@ def test_killed_submitter_leaves_no_orphans(tmp_path, job_guard):
     prep, out = probe_prepared(tmp_path, 2, 1, "loop")
     import pickle
     (tmp_path / "prep.pkl").write_bytes(pickle.dumps(prep))
-    script = (f"import sys, pickle; sys.path.insert(0, {str(REPO)!r})\nfrom orchestrator import api\n"
-              f"api.submit(pickle.load(open({str(tmp_path / 'prep.pkl')!r}, 'rb')))\n")
+    script = (f"import sys, pickle; sys.path.insert(0, {str(REPO)!r})\nfrom orchestrator import running\n"
+              f"running.submit(pickle.load(open({str(tmp_path / 'prep.pkl')!r}, 'rb')))\n")
     proc = job_guard.spawn([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not all((out / f"rank{r}.json").exists() for r in range(2)):
@@ -211,7 +212,7 @@ def test_sigstopped_rank_is_detected_as_hang_and_torn_down(tmp_path):
 @pytest.mark.health
 def test_restart_resumes_and_finishes(tmp_path):
     prep, out = probe_prepared(tmp_path, 2, 1, "fail_until:2", restarts=1)
-    result = api.submit(prep)
+    result = running.submit(prep)
     assert result.state == "COMPLETED", result.root_cause
     assert result.restarts == 1
     assert (out / "attempts").read_text() == "2"
@@ -225,7 +226,7 @@ def test_restart_resumes_and_finishes(tmp_path):
 @pytest.mark.health
 def test_crash_loop_stops(tmp_path):
     prep, out = probe_prepared(tmp_path, 2, 1, "fail_until:100", restarts=5)
-    result = api.submit(prep)
+    result = running.submit(prep)
     assert result.state == "FAILED"
     assert "crash loop: no progress since the last restart" in result.root_cause, result.root_cause
     assert (out / "attempts").read_text() == "2"  # first try + 1 restart that made no progress

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, OFFLINE_ENV, cli, heartbeats, rank_pids, wait_until
+from helpers import PYTHON, OFFLINE_ENV, cli, saved_rank, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,12 +95,8 @@ def test_a_restart_of_the_same_job_resumes_its_own_checkpoint(tmp_path, job_guar
             "health.max_restarts=1", f"trainer.output_dir={out}"]
     p = job_guard.spawn(argv, cwd=REPO, env={**os.environ, **OFFLINE_ENV, "ORCHESTRATE_HOME": str(home)},
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    run_dir = Path(wait_until(lambda: next((home / "runs").iterdir(), None) if (home / "runs").is_dir() else None,
-                              120, 0.1, "the run dir"))
+    run_dir, pid = saved_rank(home, 1, 3)
     job = run_dir.name
-    wait_until(lambda: any(r.get("event") == "save" and r["step"] >= 3 for r in heartbeats(run_dir, 1)), 300, 0.05,
-               "a checkpoint saved")
-    pid = wait_until(lambda: rank_pids(run_dir).get(1), 30, 0.05, "rank 1's pid")
     wait_until(lambda: (out / "checkpoint-3" / "orchestrate.json").is_file(), 30, 0.05, "the checkpoint's record")
     cut = out / "checkpoint-149"  # (no save of this run writes it: save_steps 3)
     cut.mkdir()

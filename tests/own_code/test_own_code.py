@@ -66,7 +66,9 @@ def test_hf_trainer_script_gets_heartbeats_on_every_rank(launch_user, tiny_model
 def test_hf_trainer_signal_saves_then_auto_resume(launch_user, tiny_model, tmp_path):
     hb, out_dir = tmp_path / "hb", tmp_path / "out"
     args = [tiny_model, str(DATA), str(out_dir)]
-    job = {"ORCHESTRATE_JOB_ID": "job-tb", "REPORT_TO": "tensorboard"}  # (the user's own report_to)
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    job = {"ORCHESTRATE_JOB_ID": "job-tb", "REPORT_TO": "tensorboard,mlflow",  # (the user's own report_to)
+           "MLFLOW_TRACKING_URI": mlflow_uri}
     run = launch_user("train_hf.py", args + ["100000"], env={"ORCHESTRATE_HEARTBEAT_DIR": hb, **job}, tag="pre")
     wait_for(lambda: all(len(_steps(records(hb / f"rank{r}.jsonl"))) >= 3 for r in (0, 1)), 240, run,
              "3 steps on both ranks")
@@ -104,9 +106,22 @@ def test_hf_trainer_signal_saves_then_auto_resume(launch_user, tiny_model, tmp_p
     assert _result(out, "USER_RESULT ")[0]["global_step"] == saved + 3
     for rank in (0, 1):
         recs = records(hb2 / f"rank{rank}.jsonl")
+        named = [r for r in recs if r["event"] == "tracking"]  # rank 0 only: the MLflow run it resumed
+        assert [(r["tracker"], r["resumed"]) for r in named] == ([("mlflow", True)] if rank == 0 else []), named
+        recs = [r for r in recs if r["event"] != "tracking"]
         steps = _steps(recs)
         assert [r["step"] for r in steps] == [saved + 1, saved + 2, saved + 3], recs
         assert recs[1]["event"] == "start" and recs[1]["step"] == saved and recs[-1]["event"] == "end"
+    # MLflow: both attempts in ONE run (found again by its tag orchestrate.job_id), the losses of the second going on
+    # from the checkpoint's step (docs/tracking.md)
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.data.tags["orchestrate.job_id"] == "job-tb" and run.info.status == "FINISHED"
+    (named,) = [r for r in records(hb2 / "rank0.jsonl") if r["event"] == "tracking"]
+    assert named["run_id"] == run.info.run_id and named["tracking_uri"] == mlflow_uri
+    history = sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: (m.timestamp, m.step))
+    assert [m.step for m in history] == list(range(1, saved + 4)), [m.step for m in history]
     # TensorBoard: both attempts in ONE run, <output_dir>/runs/<job id> (transformers' default: a dir per start),
     # written by rank 0 only; the second attempt's losses go on from the checkpoint's step
     import transformers

@@ -2,7 +2,7 @@
 orchestrator / recipes import). Causal-LM fine-tuning of a local model on chat `messages` JSONL, on CPU.
 
 usage: train_hf.py MODEL_DIR DATA_JSONL OUTPUT_DIR MAX_STEPS [SAVE_STEPS]
-REPORT_TO (environment, default none): the Trainer's report_to, e.g. tensorboard.
+REPORT_TO (environment, default none): the Trainer's report_to, e.g. tensorboard or tensorboard,mlflow.
 Prints `USER_RESULT {json}` from rank 0 when training returns.
 """
 
@@ -32,8 +32,8 @@ def main() -> None:
     args = TrainingArguments(
         output_dir=output_dir, max_steps=int(max_steps), per_device_train_batch_size=4, learning_rate=3e-3,
         logging_steps=1, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
-        use_cpu=True, report_to=os.environ.get("REPORT_TO", "none"), disable_tqdm=True, dataloader_num_workers=0,
-        seed=42, include_num_input_tokens_seen="non_padding")
+        use_cpu=True, report_to=os.environ.get("REPORT_TO", "none").split(","), disable_tqdm=True,
+        dataloader_num_workers=0, seed=42, include_num_input_tokens_seen="non_padding")
     trainer = Trainer(model=model, args=args, train_dataset=ds,
                       data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
     out = trainer.train()

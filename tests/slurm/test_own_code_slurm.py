@@ -37,6 +37,7 @@ def _said(text: str, tag: str) -> list[dict]:
 
 def test_user_trainer_script_scontrol_requeue_saves_resumes_one_tracker_run(slurm_cluster, tmp_path, job_guard):
     from orchestrator import api
+    from orchestrator import running
     from launchers.slurm.launcher import SlurmLauncher
     from orchestrator.node.rundir import RunDir
     from recipes.tiny import resolve_model_path
@@ -98,7 +99,7 @@ def test_user_trainer_script_scontrol_requeue_saves_resumes_one_tracker_run(slur
     # 3. the requeue is counted: by SLURM and in the run dir, with its reason
     assert L.query(h.handle)["restarts"] >= 1
     attempts = RunDir(run_dir).attempts()
-    assert api.restart_count(RunDir(run_dir)) >= 1, attempts
+    assert running.restart_count(RunDir(run_dir)) >= 1, attempts
     assert any("requeued by SLURM" in a.reason for a in attempts), attempts
 
     # 4. ONE tracker run: every rank sees the same W&B run id (resume allowed, grouped by the job) on both attempts

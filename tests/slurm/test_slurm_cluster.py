@@ -188,9 +188,9 @@ def _assert_synced(result: dict) -> None:
 
 
 def test_sft_two_nodes_through_the_launcher(slurm_cluster):
-    from orchestrator import api
+    from orchestrator import running
     prep = _prepare_sft("submitit")
-    res = api.submit(prep)
+    res = running.submit(prep)
     assert res.state == "COMPLETED", res
     r = _result(prep.plan.run_dir)
     _assert_synced(r)
@@ -278,14 +278,14 @@ def test_sft_hang_then_restart_in_a_new_allocation_resumes(slurm_cluster, tmp_pa
     """health.max_restarts=1 on SLURM: a SIGSTOPped rank is detected as a hang inside the allocation, the job
     ends FAILED, `submit` asks SLURM for a NEW allocation (a new job id) and training resumes from the last
     checkpoint to the end; the restart and its reason are in the job record."""
-    from orchestrator import api
+    from orchestrator import running
     from orchestrator.store import JobStore
     monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path / "home"))
     prep = _prepare_sft("restart", "trainer.max_steps=300", "trainer.save_strategy=steps", "trainer.save_steps=10",
                         "health.stall_timeout=8", "health.poll_interval=0.5", "health.max_restarts=1")
     run_dir = Path(prep.plan.run_dir)
     box: dict = {}
-    t = threading.Thread(target=lambda: box.update(r=api.submit(prep)), daemon=True)
+    t = threading.Thread(target=lambda: box.update(r=running.submit(prep)), daemon=True)
     t.start()
     wait_until(lambda: heartbeat_step(run_dir) >= 25, 180, "training to pass its checkpoint at step 20")
     first_job = (run_dir / "slurm_job_id").read_text().strip()
@@ -327,7 +327,7 @@ def test_sft_scontrol_requeue_checkpoints_and_resumes(slurm_cluster):
     assert m and int(m.group(1)) >= 20
     assert r["global_step"] == 300
     assert L.query(h.handle)["restarts"] >= 1
-    from orchestrator.api import restart_count
+    from orchestrator.running import restart_count
     attempts = RunDir(run_dir).attempts()
     assert restart_count(RunDir(run_dir)) >= 1, attempts  # counted by us too, with its reason
     assert any("requeued by SLURM" in a.reason for a in attempts), attempts
@@ -381,6 +381,42 @@ def test_cli_job_outlives_its_submitting_terminal(slurm_cluster, tmp_path, how):
     final = wait_until(lambda: (lambda s: s if s["state"] in ("COMPLETED", "FAILED") else None)(status()), 300,
                        "the job to end")
     assert final["state"] == "COMPLETED", final
+    assert wait_clean(10) == {}, node_namespace_leftovers()
+
+
+def test_a_hung_up_submit_with_notifications_watches_on_and_sends_the_end(slurm_cluster, tmp_path):
+    """A SLURM job with a notify: block whose submitting terminal hangs up: the submit watches on, quietly (it sends
+    the notifications), and when the job ends the `completed` event is delivered and the submit exits 0."""
+    import json as _json
+    env = dict(os.environ, ORCHESTRATE_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1")
+    events = tmp_path / "events.jsonl"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ncat >> {events}\necho >> {events}\n")
+    hook.chmod(0o755)
+    work = os.environ.get("ORCHESTRATE_SLURM_WORK", "/tmp/orchestrate-slurm-work")
+    proc = spawn([sys.executable, "-m", "orchestrator.cli", "submit", "recipes/configs/sft_tiny.yaml", "--nodes", "2",
+                  "--cluster", str(REPO / "cluster_configs" / "slurm_local.yaml"),
+                  f"cluster.slurm.python={sys.executable}", f"cluster.slurm.workdir={work}", "trainer.max_steps=20",
+                  f"trainer.output_dir={tmp_path / 'out'}", "notify.on=[completed]", f"notify.command=[{hook}]"],
+                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        job, deadline = None, time.monotonic() + 120
+        while time.monotonic() < deadline and job is None:
+            m = re.match(r"job (\S+): run dir", proc.stdout.readline())
+            job = m.group(1) if m else None
+        assert job, "no job id printed"
+        for line in proc.stdout:  # (the job runs: its first rank line)
+            if "rank" in line:
+                break
+        proc.send_signal(signal.SIGHUP)
+        proc.stdout.close()
+        assert proc.wait(timeout=300) == 0
+        sent = [_json.loads(x) for x in events.read_text().splitlines() if x.strip()]
+        assert [(e["event"], e["job_id"], e["state"]) for e in sent] == [("completed", job, "COMPLETED")], sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert wait_clean(10) == {}, node_namespace_leftovers()
 
 

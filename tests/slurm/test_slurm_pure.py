@@ -250,7 +250,7 @@ def test_array_task_picks_its_point(tmp_path):
 
 def test_array_needs_points_that_agree():
     """SLURM gives every task of an array the same options: a sweep of, say, slurm.time is refused, naming the
-    point and the option; a pyxis container is refused for arrays."""
+    point and the option; pyxis points must agree on the image."""
     points = sweep_points(3)
     assert array_problems(points) == []
     plan, slurm = points[2]
@@ -259,8 +259,36 @@ def test_array_needs_points_that_agree():
     assert [p.where for p in problems] == ["point p2"] and "time" in problems[0].message
     assert "'00:15:00'" in problems[0].message and "'01:00:00'" in problems[0].message
     from orchestrator.core.container import ContainerPlan
-    pyxis = replace(points[0][0], container=ContainerPlan(runtime="pyxis", image="img.sqsh"))
-    assert array_problems([(pyxis, points[0][1])])[0].where == "container.runtime"
+    pyxis = [(replace(pl, container=ContainerPlan(runtime="pyxis", image="img.sqsh")), sl) for pl, sl in points[:2]]
+    assert array_problems(pyxis) == []
+    pyxis[1] = (replace(pyxis[1][0], container=ContainerPlan(runtime="pyxis", image="other.sqsh")), pyxis[1][1])
+    assert [p.where for p in array_problems(pyxis)] == ["point p1"] and "other.sqsh" in array_problems(pyxis)[0].message
+
+
+def test_a_pyxis_sweep_is_one_array_whose_task_step_mounts_its_own_points_run_dir(tmp_path):
+    """A sweep on a pyxis cluster: the array's task step carries the container flags, with the run dir of the task's
+    own point (bound per task, not quoted away); run in bash with a stand-in srun as array task 1."""
+    from orchestrator.core.container import ContainerPlan
+    points = [(replace(pl, container=ContainerPlan(runtime="pyxis", image="nvcr.io/nvidia/pytorch:25.01-py3",
+                                                   python="/usr/bin/python3"), package_root="/opt/pkg"), sl)
+              for pl, sl in sweep_points(2, root=str(tmp_path / "runs"))]
+    assert array_problems(points) == []
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_array_sbatch(points, 2, SWEEP, str(tmp_path)))
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$SRUN_LOG"\n')
+    (bin_dir / "srun").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_ARRAY_TASK_ID="1", SLURM_JOB_ID="108",
+               SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_NUM_NODES="2", SRUN_LOG=str(tmp_path / "srun.log"))
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    argv = (tmp_path / "srun.log").read_text().splitlines()
+    p1 = f"{tmp_path}/runs/{SWEEP}-p1"
+    assert "--container-image=nvcr.io/nvidia/pytorch:25.01-py3" in argv, argv
+    assert any(a.startswith(f"--container-mounts={p1}:{p1}:rw,") for a in argv), argv
+    assert argv[-3:] == ["-m", "orchestrator.node", p1] and argv[-4] == "/usr/bin/python3", argv
 
 
 def test_array_task_rendezvous_port_and_handle():

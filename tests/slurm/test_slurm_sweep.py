@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -153,6 +154,42 @@ def test_cancel_of_a_slurm_sweep_scancels_the_array(slurm_cluster, tmp_path):
         wait_until(lambda: (lambda r: r and all(x["state"].startswith("CANCELLED") for x in r))(_sacct(array)), 60,
                    "SLURM to record every task CANCELLED")
         assert not subprocess.run(["squeue", "-h", "-j", array], capture_output=True, text=True).stdout.strip()
+        assert wait_clean(15) == {}, node_namespace_leftovers()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if array:
+            subprocess.run(["scancel", array], capture_output=True, timeout=30)
+
+
+def test_an_attached_sweep_survives_its_terminal_hanging_up_and_attach_follows_it(slurm_cluster, tmp_path):
+    """SIGHUP to an attached SLURM sweep's runner (its terminal went away) cancels nothing: the array runs on, the
+    runner's output moves to the sweep's log, `attach SWEEP_ID` follows it to the end, every point COMPLETED."""
+    bin_dir, _ = _sbatch_shim(tmp_path)
+    env = _env(tmp_path, bin_dir)
+    proc = subprocess.Popen([*CLI, *_submit_args(tmp_path, "trainer.max_steps=4", "--sweep", "trainer.seed=1,2",
+                                                 "--max-parallel", "2")],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    array = None
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "SLURM array job" in line:
+                break
+        sid = re.search(r"^sweep (sweep-\S+): \d+ point", "".join(lines), re.M).group(1)
+        array = json.loads((tmp_path / "home" / "sweeps" / f"{sid}.json").read_text())["slurm_array"]
+        os.kill(proc.pid, signal.SIGHUP)
+        att = subprocess.run([*CLI, "attach", sid], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+        assert att.returncode == 0, att.stdout + att.stderr
+        assert proc.wait(60) == 0, "".join(lines)
+        assert "the submitting terminal hung up (SIGHUP): the array keeps running" in att.stdout, att.stdout[-3000:]
+        doc = json.loads((tmp_path / "home" / "sweeps" / f"{sid}.json").read_text())
+        states = [json.loads(subprocess.run([*CLI, "status", pt["job_id"], "--json"], cwd=REPO, env=env,
+                                            capture_output=True, text=True, timeout=60).stdout)["state"]
+                  for pt in doc["points"]]
+        assert states == ["COMPLETED"] * 2 and doc.get("hung_up"), (states, att.stdout[-3000:])
         assert wait_clean(15) == {}, node_namespace_leftovers()
     finally:
         if proc.poll() is None:

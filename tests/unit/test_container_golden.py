@@ -13,7 +13,7 @@ import yaml
 
 from helpers import assert_golden
 from launchers.slurm.launcher import SlurmLauncher
-from orchestrator.api import PROFILE_DIR
+from orchestrator.resources import profile_path
 from orchestrator.core.container import (ContainerPlan, Mount, container_name, job_mounts, node_argv, parse_mount,
                                          visible)
 from orchestrator.core.plan import PlanFacts, make_plan
@@ -44,7 +44,7 @@ def build(name: str):
     cluster, container = CASES[name]
     recipe = parse_recipe(dict(RECIPE, container=container), source=f"{name}.yaml")
     c = parse_cluster(cluster, source=f"{name}-cluster.yaml")
-    cfg = yaml.safe_load((PROFILE_DIR / "multi_gpu.yaml").read_text())
+    cfg = yaml.safe_load(profile_path("multi_gpu").read_text())
     run_dir = f"/shared/orchestrate/runs/{name}-job"
     facts = PlanFacts(job_id=f"{name}-job", run_dir=run_dir, output_dir="/home/user/project/out",
                       python="/shared/venv/bin/python", port=29500, accelerator="gpu", profile_name="multi_gpu",

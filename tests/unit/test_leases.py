@@ -199,7 +199,7 @@ def test_a_job_queued_behind_a_live_job_of_its_own_store_waits_for_its_end_not_t
     """Its holder's end wakes it: trying every QUEUE_POLL_S meanwhile (staging, a probe per host) would only take
     CPU from the job it waits for. Another store's holder, a holder whose supervisor is gone, or one not recorded
     yet: QUEUE_POLL_S."""
-    from orchestrator import api
+    from orchestrator import running
     from orchestrator.errors import LeasesBusy
     from orchestrator.node.proctools import process_start_time
     from orchestrator.store import JobStore
@@ -216,9 +216,9 @@ def test_a_job_queued_behind_a_live_job_of_its_own_store_waits_for_its_end_not_t
 
         def busy(*jobs):
             return LeasesBusy([{"host": "h", "holder": {"job": j} if j else None} for j in jobs], "busy")
-        assert api.queue_poll_s(store, busy("mine")) == api.QUEUE_OWN_POLL_S
+        assert running.queue_poll_s(store, busy("mine")) == running.QUEUE_OWN_POLL_S
         for other in (busy("mine", "dead"), busy("elsewhere"), busy(None), busy()):
-            assert api.queue_poll_s(store, other) == api.QUEUE_POLL_S
+            assert running.queue_poll_s(store, other) == running.QUEUE_POLL_S
     finally:
         sup.kill()
         sup.wait()

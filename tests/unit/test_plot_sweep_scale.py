@@ -130,7 +130,7 @@ def _old_losses(run_dir: Path) -> tuple[float | None, float | None, int | None]:
 
 
 def test_sweep_reads_rank0_once_then_only_what_was_appended(tmp_path, monkeypatch):
-    from orchestrator import sweep
+    from orchestrator import sweeps
     from orchestrator.store import JobStore
     monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path / "home"))
     sid = "sweep-20261128-120000-abcd"
@@ -145,7 +145,7 @@ def test_sweep_reads_rank0_once_then_only_what_was_appended(tmp_path, monkeypatc
     want = {f"p{i}": _old_losses(d) for i, d in enumerate(dirs)}
 
     def table():
-        return {r["point"]: (r["final_loss"], r["best_loss"], r["step"]) for r in sweep.table_rows(doc)}
+        return {r["point"]: (r["final_loss"], r["best_loss"], r["step"]) for r in sweeps.table_rows(doc)}
 
     reads = Reads(monkeypatch)
     assert table() == want
@@ -169,7 +169,7 @@ def test_the_last_loss_of_a_point_reads_only_the_files_tail(tmp_path, monkeypatc
     through heartbeat.read_tail (the reader `status` uses): a line cut at the start of the tail and an unfinished last
     line are left out, a NaN is passed over, and only the tail's bytes are read."""
     from orchestrator.node.heartbeat import read_tail
-    from orchestrator.sweep import _last_loss
+    from orchestrator.sweeps import _last_loss
     hb = tmp_path / "heartbeats"
     hb.mkdir()
     recs = [{"event": "step", "step": s, "loss": 10.0 - s / 1000} for s in range(5000)]

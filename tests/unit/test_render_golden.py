@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.api import PROFILE_DIR
+from orchestrator.resources import profile_path
 from orchestrator.core.plan import PlanFacts, make_plan
 from orchestrator.core.render import render_files, summary
 from orchestrator.core.spec import parse_cluster, parse_recipe
@@ -40,7 +40,7 @@ def build(name):
                                               parallelism=par))
     recipe = parse_recipe(d, source=f"{name}.yaml")
     c = parse_cluster(cluster, source=f"{name}-cluster.yaml")
-    cfg = yaml.safe_load((PROFILE_DIR / f"{profile}.yaml").read_text())
+    cfg = yaml.safe_load(profile_path(profile).read_text())
     facts = PlanFacts(job_id=f"{name}-job", run_dir=f"/shared/runs/{name}-job", output_dir="/out/sft",
                       python="/opt/venv/bin/python", port=29500, accelerator=acc, profile_name=profile,
                       profile_config=cfg, model_facts={"num_attention_heads": 4, "num_key_value_heads": 2},
@@ -97,7 +97,7 @@ def test_the_agent_keeps_a_rendered_config_only_when_it_is_what_it_would_write(t
 def test_profile_blocks_match_trl(profile):
     import trl
     shipped = yaml.safe_load((Path(trl.__file__).parent / "accelerate_configs" / f"{profile}.yaml").read_text())
-    ours = yaml.safe_load((PROFILE_DIR / f"{profile}.yaml").read_text())
+    ours = yaml.safe_load(profile_path(profile).read_text())
     assert ours == shipped
     recipe = parse_recipe(dict(RECIPE, launch={"profile": profile, "nodes": 2, "procs_per_node": 8}))
     facts = PlanFacts(job_id="j", run_dir="/r", output_dir="/o", python="python", port=1234, accelerator="gpu",

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from orchestrator import api, trlfields
+from orchestrator.resources import profile_path
 from orchestrator.core.jobplan import RUN_DIR_VAR, LaunchPlan
 from orchestrator.core.plan import RECIPE_ENTRY, PlanFacts, make_plan
 from orchestrator.core.render import summary
@@ -23,7 +24,7 @@ from orchestrator.core.spec import (RunJobSpec, RunSpec, load, parse_cluster, pa
 from orchestrator.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-PROFILES = {name: yaml.safe_load((api.PROFILE_DIR / f"{name}.yaml").read_text())
+PROFILES = {name: yaml.safe_load(profile_path(name).read_text())
             for name in ("multi_gpu", "zero2", "fsdp2", "context_parallel")}
 # A TRL command table and field kinds as trlfields gives them, small and fixed (no trl needed).
 TABLE = {"sft": {"module": "trl.scripts.sft", "config": "SFTConfig", "training": True,

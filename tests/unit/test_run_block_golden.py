@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.api import PROFILE_DIR
+from orchestrator.resources import profile_path
 from orchestrator.core.plan import PlanFacts, make_plan
 from orchestrator.core.render import render_files, summary
 from orchestrator.core.spec import parse_cluster, parse_job
@@ -49,7 +49,7 @@ def build(name):
     profile = spec.launch.profile
     facts = PlanFacts(job_id=f"{name}-job", run_dir=f"/shared/runs/{name}-job", python="/opt/venv/bin/python",
                       port=29500, accelerator=acc, profile_name=profile,
-                      profile_config=yaml.safe_load((PROFILE_DIR / f"{profile}.yaml").read_text()),
+                      profile_config=yaml.safe_load(profile_path(profile).read_text()),
                       hosts=c.ssh.hosts if c.ssh else (), **extra)
     plan = make_plan(spec, c, facts)
     return plan, dict(render_files(plan, spec.to_dict()), **{"summary.txt": summary(plan) + "\n"})

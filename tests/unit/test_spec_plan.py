@@ -4,6 +4,7 @@ together with its key path, before anything is touched; good inputs plan the rig
 from __future__ import annotations
 
 import copy
+import json
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.core.hostlist import HostlistError, expand
 from orchestrator.core.jobplan import LATE_MAIN_IP, LaunchPlan
 from orchestrator.core.plan import PlanFacts, make_plan, parse_time_s
+from orchestrator.core.render import summary
 from orchestrator.core.spec import parse_cluster, parse_dotlist, parse_recipe
 
 BASE = {"recipe": "sft", "model": {"name_or_path": "tiny-llama"}, "data": {"path": "/data/x.jsonl"},
@@ -285,7 +287,12 @@ def test_more_nodes_than_hosts_and_slurm_limits():
     with pytest.raises(ConfigError, match="3 nodes asked but cluster 'ssh' lists only 2 host"):
         make_plan(recipe(launch__nodes=3), ssh, facts(hosts=("a", "b")))
     plan = make_plan(recipe(launch__nodes=2), ssh, facts(hosts=("a", "b")))
-    assert [n.host for n in plan.node_plans] == ["a", "b"] and plan.main_host == "a"
+    assert [n.host for n in plan.node_plans] == ["a", "b"] and plan.main_host == "a" and plan.spare_hosts == ()
+    assert "spare_hosts" not in plan.to_dict()  # (plan.json keeps its bytes where there is nothing to say)
+    spared = make_plan(recipe(launch__nodes=2), ssh, facts(hosts=("a", "b", "c", "d")))
+    assert spared.spare_hosts == ("c", "d") and LaunchPlan.from_json(spared.to_json()) == spared
+    assert json.loads(spared.to_json())["spare_hosts"] == ["c", "d"]
+    assert "hosts      a, b run the job; spares (wait, take a failed host's place): c, d" in summary(spared)
     slurm = parse_cluster({"kind": "slurm", "slurm": {"gpus_per_node": 8, "max_gpus_per_node": 4, "time": "00:01:00",
                                                       "signal_lead_s": 120}})
     with pytest.raises(ConfigError) as e:

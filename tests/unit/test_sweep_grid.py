@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.core.sweep import expand, split_values
 from orchestrator.errors import ConfigError
-from orchestrator.sweep import Curves
+from orchestrator.sweeps import Curves
 
 
 def test_the_grid_is_the_product_in_option_order_and_commas_in_brackets_stay():
@@ -76,3 +76,21 @@ def test_a_job_file_with_a_sweep_block_plans_every_point_and_bad_blocks_are_name
             (block, bad.stderr)
     bad_point = submit("sweep:\n  grid: {trainer.learning_rate: [1.0e-4, fast]}\n")
     assert bad_point.returncode == 2 and "point p1" in bad_point.stderr and "learning_rate" in bad_point.stderr
+
+
+def test_the_sweep_grammar_takes_lists_ranges_and_spacings_and_a_bad_one_names_the_grammar():
+    from orchestrator.core.sweep import GRAMMAR, block_options
+    assert [p.overrides for p in expand(["a.lr=[1e-4,3e-4]"])] == [("a.lr=1e-4",), ("a.lr=3e-4",)]
+    assert [p.overrides[0] for p in expand(["a.n=1..4"])] == ["a.n=1", "a.n=2", "a.n=3", "a.n=4"]
+    assert [p.overrides[0] for p in expand(["a.n=0..8:4"])] == ["a.n=0", "a.n=4", "a.n=8"]
+    assert [p.overrides[0] for p in expand(["a.lr=log:1e-5:1e-3:3"])] == ["a.lr=1e-05", "a.lr=0.0001", "a.lr=0.001"]
+    assert [p.overrides[0] for p in expand(["a.w=lin:0:1:3"])] == ["a.w=0", "a.w=0.5", "a.w=1"]
+    # a list-valued key: each list whole, or one list as [[...]] (how a job file's single list value is written)
+    assert [p.overrides[0] for p in expand(["a.l=[1,2],[3,4]"])] == ["a.l=[1,2]", "a.l=[3,4]"]
+    assert [p.overrides[0] for p in expand(block_options({"a.l": [[1, 2]]}))] == ["a.l=[1, 2]"]
+    assert len(expand(block_options({"a.lr": "log:1e-5:1e-3:4"}))) == 4
+    for bad in ("a.n=4..1", "a.n=1..4:0", "a.lr=log:0:1:3", "a.lr=log:x:1:3", "a.lr=lin:0:1:1", "a.lr=log:1:2",
+                "a.n=1..x"):
+        with pytest.raises(ConfigError) as e:
+            expand([bad])
+        assert GRAMMAR in str(e.value) and "trainer" not in str(e.value)

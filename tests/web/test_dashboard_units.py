@@ -41,14 +41,14 @@ def test_log_tail_starts_near_the_end_and_goes_on_from_offsets(tmp_path):
     log = tmp_path / "logs" / "node0.log"
     log.write_text("".join(f"[rank{i % 2}]: line {i}\n" for i in range(1000)) + "[rank0]: part")
     tail = LogTail(tmp_path, tail_bytes=200)
-    lines = tail.read()
+    lines = list(tail.lines())
     assert lines and lines[-1] == "[h node0 rank1] line 999" and len(lines) < 20  # no partial first line
     pos = tail.positions()
     with open(log, "a") as f:
         f.write("ial\n[rank1]: new\n")
     again = LogTail(tmp_path, rank=1, offsets=pos)
-    assert again.read() == ["[h node0 rank1] new"]
-    assert LogTail(tmp_path, grep="line 99[89]", tail_bytes=200).read() == ["[h node0 rank0] line 998",
+    assert list(again.lines()) == ["[h node0 rank1] new"]
+    assert list(LogTail(tmp_path, grep="line 99[89]", tail_bytes=200).lines()) == ["[h node0 rank0] line 998",
                                                                             "[h node0 rank1] line 999"]
 
 

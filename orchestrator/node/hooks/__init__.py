@@ -9,7 +9,9 @@ top-level modules in every rank, and none of them imports anything but the stand
   if one is further on sys.path.
 - `orchestrate_hooks.py`: a meta-path finder that acts when the user's code imports `torch.optim.optimizer`
   (one "step" record per optimizer step) or `transformers.trainer` (heartbeat + save-on-signal callbacks on every
-  Trainer, automatic resume); the "boot" mark; tracker defaults (W&B run id from the job id).
+  Trainer, automatic resume) or `mlflow`; the "boot" mark.
+- `orchestrate_tracking.py`: one tracker run per job across its attempts (W&B run id from the job id, TensorBoard
+  log dir, the MLflow run found by its `orchestrate.job_id` tag).
 - `orchestrate_trainer.py`: the Trainer callbacks (shared with the built-in recipes).
 - `orchestrate_heartbeat.py`: the one writer of heartbeat records, and `beat(step, loss=...)` for loops that
   step no torch optimizer.
@@ -23,7 +25,8 @@ Environment (set by the node agent for the ranks):
                               (a restart: from the job's own latest one); unset / "never": the call is left alone
   ORCHESTRATE_SAVE_ON_SIGNAL  "0" turns the Trainer save-on-signal off (default on)
   ORCHESTRATE_SAVE_ON_EACH_NODE "1" sets TrainingArguments.save_on_each_node (SSH hosts without a shared filesystem)
-  ORCHESTRATE_JOB_ID          W&B defaults (WANDB_RUN_ID, WANDB_RESUME=allow, WANDB_RUN_GROUP, WANDB_NAME) where unset;
+  ORCHESTRATE_JOB_ID          W&B defaults (WANDB_RUN_ID, WANDB_RESUME=allow, WANDB_RUN_GROUP, WANDB_NAME) where unset,
+                              the MLflow run rank 0 resumes (its tag orchestrate.job_id);
                               the job named in each saved checkpoint's orchestrate.json
   ORCHESTRATE_HOOKS           "0" turns all of it off (the chained user sitecustomize still runs)
   ORCHESTRATE_HEARTBEAT_FLUSH_S  buffering of optimizer-hook / beat() step records (default 0.5 s)

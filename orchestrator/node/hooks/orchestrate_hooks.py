@@ -2,11 +2,8 @@
 
 `install()` (standard library only, cheap: no torch, no transformers):
 - writes the "boot" start-up mark (with "proc_start", like recipes.run) to the rank's heartbeat file;
-- sets W&B defaults from ORCHESTRATE_JOB_ID where the user set none, so that every attempt of a job (restarts,
-  requeues) logs into ONE run: WANDB_RUN_ID (rank 0: the job id; rank G > 0: <job id>-rank<G>), WANDB_RESUME=allow,
-  WANDB_RUN_GROUP=<job id>, WANDB_NAME (same as the id). TensorBoard likewise (transformers >= 5, see
-  `_tensorboard_dir`): a Trainer whose log dir nobody chose logs to <output_dir>/runs/<job id>, one dir for every
-  attempt, where transformers' default is a new dir (one more run) per start;
+- sets the trackers' defaults (orchestrate_tracking: one W&B / TensorBoard / MLflow run per job across its
+  attempts);
 - puts a meta-path finder first on sys.meta_path that runs a hook right after a module of interest is executed:
   * `torch.optim.optimizer` -> `register_optimizer_step_post_hook`: one "step" record per optimizer step of this
     process (steps of the FIRST optimizer that steps; several optimizers count once per step), buffered
@@ -24,6 +21,7 @@
         next step boundary every rank saves a checkpoint and stops, the heartbeat says "preempted", and when
         train() returns the rank leaves with 128+signal (process group torn down, atexit handlers run) instead of
         going on with the rest of the script (final save, evaluation, upload) of an unfinished run.
+  * `mlflow` -> rank 0's top-level `mlflow.start_run()` resumes the job's run (orchestrate_tracking.on_mlflow).
 A plain loop gets no signal handler: SIGTERM/SIGUSR2 keep their default action (the process ends), since nothing
 could save its state.
 - registers `_at_exit` at start-up, before the user's code, so it runs after every atexit handler the script and its
@@ -47,8 +45,10 @@ import time
 
 try:
     import orchestrate_heartbeat as hb
+    import orchestrate_tracking as tracking
 except ImportError:
     from orchestrator.node.hooks import orchestrate_heartbeat as hb
+    from orchestrator.node.hooks import orchestrate_tracking as tracking
 
 _installed = False
 _OFF = ("0", "false", "no", "off")
@@ -216,7 +216,7 @@ def _on_transformers_trainer(module) -> None:
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        _tensorboard_dir(self)
+        tracking.tensorboard_dir(self)
         if "_orchestrate_hooks" not in self.__dict__:
             try:
                 _attach(self)
@@ -278,29 +278,6 @@ def _attach(trainer) -> None:
     trainer._orchestrate_hooks = (preempt, heartbeat)
 
 
-def _tensorboard_dir(trainer) -> None:
-    """transformers' TensorBoardCallback logs to <output_dir>/runs/<start time>_<host> unless TENSORBOARD_LOGGING_DIR
-    is set: every restart or requeue of a job would show up as one more run. Where the user chose no dir, the job's
-    attempts share <output_dir>/runs/<job id> (TensorBoard reads every event file of a dir as one run; a resumed
-    Trainer goes on from the checkpoint's step). transformers 4 (no `logging_dir` on the callback): left alone.
-    Never fails the user's Trainer."""
-    job = os.environ.get("ORCHESTRATE_JOB_ID", "").strip()
-    if not job or os.environ.get("TENSORBOARD_LOGGING_DIR"):
-        return
-    try:
-        for cb in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
-            if type(cb).__name__ == "TensorBoardCallback" and getattr(cb, "logging_dir", "") is None \
-                    and getattr(cb, "tb_writer", None) is None and getattr(trainer.args, "output_dir", None):
-                cb.logging_dir = os.path.join(trainer.args.output_dir, "runs", _safe_job_name(job))
-    except Exception as e:  # noqa: BLE001
-        _warn(f"TensorBoard log dir left as it was: {type(e).__name__}: {e}")
-
-
-def _safe_job_name(job: str, limit: int = 64) -> str:
-    """The job id as a tracker run id / directory name: letters, digits, '-' and '_' only, at most `limit` long."""
-    return "".join(c if c.isalnum() or c in "-_" else "-" for c in job)[:limit]
-
-
 def _weights_on_each_node() -> None:
     """transformers 5 writes model weights on global rank 0 only, whatever `save_on_each_node` says (its
     `PreTrainedModel.should_save_on_this_rank`): let the Trainer's own choice (`args.should_save`, passed as
@@ -348,7 +325,7 @@ def _resume_arg(trainer, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 
 def _train(train, trainer, args: tuple, kwargs: dict):
-    _tensorboard_dir(trainer)  # (again: a TensorBoardCallback added after __init__)
+    tracking.tensorboard_dir(trainer)  # (again: a TensorBoardCallback added after __init__)
     hooks = trainer.__dict__.get("_orchestrate_hooks")
     if not hooks:
         return train(trainer, *args, **kwargs)
@@ -600,7 +577,8 @@ def _run_hook(hook, module) -> None:
         _warn(f"hook on {module.__name__} failed: {type(e).__name__}: {e}")
 
 
-HOOKS = {"torch.optim.optimizer": _on_torch_optimizer, "transformers.trainer": _on_transformers_trainer}
+HOOKS = {"torch.optim.optimizer": _on_torch_optimizer, "transformers.trainer": _on_transformers_trainer,
+         "mlflow": tracking.on_mlflow}
 
 
 # ----------------------------------------------------------------------------------------------- start-up
@@ -617,21 +595,6 @@ def _process_start_time() -> float | None:
         return None
 
 
-def _tracker_defaults() -> None:
-    env = os.environ
-    job = env.get("ORCHESTRATE_JOB_ID", "").strip()
-    if not job:
-        return
-    rank = hb.env_rank()
-    suffix = f"-rank{rank}" if rank else ""
-    run_id = _safe_job_name(job, 64 - len(suffix)) + suffix
-    if "WANDB_RUN_ID" not in env:
-        env["WANDB_RUN_ID"] = run_id
-        env.setdefault("WANDB_RESUME", "allow")
-    env.setdefault("WANDB_RUN_GROUP", job)
-    env.setdefault("WANDB_NAME", job + suffix)
-
-
 def install() -> None:
     global _installed
     if _installed:
@@ -643,7 +606,7 @@ def install() -> None:
     _watch_exit()
     if not any(a == "recipes.run" for a in getattr(sys, "orig_argv", ())):  # recipes.run writes its own
         hb.mark("boot", proc_start=_process_start_time())
-    _tracker_defaults()
+    tracking.defaults()
     finder = _PostImportFinder(HOOKS)
     for name, hook in list(HOOKS.items()):
         if name in sys.modules:  # installed late (tests): hook what is already there

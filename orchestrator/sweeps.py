@@ -12,12 +12,14 @@ more and cancels the running ones. `orchestrate sweep SWEEP_ID` prints the point
 another point had at the same step, is cancelled and recorded as stopped early (the sweep still succeeds). Local and
 SSH clusters (on SSH, points wait for each other's hosts through the hosts' leases where those exist).
 
-On SLURM the sweep is ONE array job (`sbatch --array=0-N%P`, one sbatch: api.submit_array, the SLURM launcher's
+On SLURM the sweep is ONE array job (`sbatch --array=0-N%P`, one sbatch: running.submit_array, the SLURM launcher's
 submitit path): every point's run dir and record are written first (PENDING), then array task i runs point p<i> in an
 allocation of its own, at most P at once (SLURM's own throttle), each with its own requeue budget. The runner then
 watches the array (squeue) and, as each task leaves PENDING, starts that point's supervisor: `orchestrate submit ...
 --job-id <sweep id>-p<i> --adopt slurm://<array>_<i>`, the same submit as above except that it watches the task
-instead of submitting one. Cancelling the sweep scancels the whole array (tasks not started included).
+instead of submitting one. Cancelling the sweep scancels the whole array (tasks not started included). A hang-up
+(SIGHUP) of an attached SLURM sweep cancels nothing: the runner's output moves to log_path and `attach SWEEP_ID`
+follows it, as a single SLURM job runs on in its allocation.
 """
 
 from __future__ import annotations
@@ -146,9 +148,11 @@ def _child_argv(args, overrides: list[str], job_id: str, adopt: str | None = Non
 def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
     """Plan every point, then run them at most --max-parallel at once. Exit 0 when every point COMPLETED, 130 when
     cancelled, else 1."""
-    from orchestrator import api
+    from orchestrator import records
+    from orchestrator import running
     from orchestrator.store import JobStore
     from orchestrator.types import is_terminal
+    say = _quiet_when_gone(say)
     sweep_id, planned, first = plan_points(args, options)
     parallel = check_parallel(args.max_parallel, len(planned))
     slurm = first.cluster.kind == "slurm"
@@ -169,7 +173,14 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
     codes: dict[int, int] = {}
     lock = threading.Lock()
 
-    def stop(_sig=None, _frame=None) -> None:
+    hung_up = threading.Event()
+
+    def stop(sig=None, _frame=None) -> None:
+        if sig == signal.SIGHUP and slurm:  # the terminal went away: the array runs on, as a SLURM job does
+            if not hung_up.is_set():
+                _output_to(log_path(sweep_id))  # (from now on: `attach SWEEP_ID` follows it there)
+            hung_up.set()
+            return
         cancel.set()
         if doc.get("slurm_array"):
             threading.Thread(target=_scancel_array, args=(first.cluster, doc["slurm_array"]), daemon=True).start()
@@ -203,7 +214,7 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
     tasks: dict[int, str] | None = None
     try:
         if slurm:  # ONE array job: every point's record and run dir, then one sbatch
-            array, hs = api.submit_array([p for *_, p in planned], parallel=parallel, name=sweep_id,
+            array, hs = running.submit_array([p for *_, p in planned], parallel=parallel, name=sweep_id,
                                          folder=sweep_folder(first, sweep_id),
                                          script=array_script(sweep_id, planned, first, parallel), cancel=cancel)
             handles = {p.index: h.uri for (p, *_), h in zip(planned, hs, strict=True)}
@@ -214,6 +225,11 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
             if cancel.is_set():  # (asked while sbatch answered)
                 _scancel_array(first.cluster, array)
         while (pending or procs) and not (cancel.is_set() and not procs):
+            if hung_up.is_set() and doc.get("hung_up") is None:
+                doc["hung_up"] = time.time()
+                _write_sweep(doc)
+                say(f"sweep {sweep_id}: the submitting terminal hung up (SIGHUP): the array keeps running and this "
+                    f"runner follows it; its output goes on here (orchestrate attach {sweep_id})")
             with lock:
                 for i, p in list(procs.items()):
                     if p.poll() is not None:
@@ -226,7 +242,7 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
                         say(f"sweep {sweep_id}: p{i} stopped early: {why}")
                 if slurm and time.monotonic() >= next_look and not cancel.is_set():
                     next_look = time.monotonic() + 1.0
-                    tasks = api.array_tasks(first.cluster, str(doc["slurm_array"]))
+                    tasks = records.array_tasks(first.cluster, str(doc["slurm_array"]))
                 for item in list(pending):
                     if cancel.is_set() or (not slurm and len(procs) >= parallel):
                         break
@@ -271,17 +287,36 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
     return 0 if all(r["state"] == "COMPLETED" or r.get("stopped_early") for r in states) else 1
 
 
+def _quiet_when_gone(say: Callable[[str], None]) -> Callable[[str], None]:
+    """`say`, but a write to a terminal that hung up (EIO) or a closed pipe loses the line instead of the runner."""
+    def safe(line: str) -> None:
+        try:
+            say(line)
+        except OSError:
+            pass
+    return safe
+
+
+def _output_to(log: Path) -> None:
+    """This process's stdout and stderr from now on: appended to `log` (a SLURM sweep whose terminal hung up).
+    Called from a signal handler: file descriptors only, no buffered I/O."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def _scancel_array(cluster, array: str) -> None:
-    from orchestrator import api
+    from orchestrator import records
     try:
-        api.cancel_array(cluster, array)
+        records.cancel_array(cluster, array)
     except Exception:  # noqa: BLE001 - the array may have ended already; each point's supervisor cancels its own
         pass
 
 
 def _settle(job_id: str, cancelled: bool, sweep_id: str) -> None:
-    """A SLURM point nobody supervised: its end as SLURM tells it (api.reconcile), else CANCELLED with the sweep."""
-    from orchestrator import api
+    """A SLURM point nobody supervised: its end as SLURM tells it (records.reconcile), else CANCELLED with the sweep."""
+    from orchestrator import records
     from orchestrator.store import JobStore
     from orchestrator.types import is_terminal
     rec = JobStore().get(job_id)
@@ -289,7 +324,7 @@ def _settle(job_id: str, cancelled: bool, sweep_id: str) -> None:
         return
     for _ in range(20 if cancelled else 1):  # (scancel reaches the accounting a moment later)
         try:
-            rec, _st = api.reconcile(rec)
+            rec, _st = records.reconcile(rec)
         except Exception:  # noqa: BLE001 - the record stays as it is; `status` asks again
             return
         if is_terminal(rec.state) or not cancelled:
@@ -423,7 +458,7 @@ class LossSummaries:
 def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per point: overrides, job, state, step, final and best loss; sorted by final loss (none last)."""
     from orchestrator.store import JobStore
-    from orchestrator import api
+    from orchestrator import records
     from orchestrator.types import is_terminal
     store = JobStore()
     rows = []
@@ -432,7 +467,7 @@ def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         rec = store.get(pt["job_id"])
         if rec is not None and not is_terminal(rec.state) and doc.get("backend") == "slurm":
             try:  # (no runner left: SLURM says how each point stands, and its end is recorded)
-                rec = api.reconcile(rec)[0]
+                rec = records.reconcile(rec)[0]
             except Exception:  # noqa: BLE001 - the table shows what the store knows
                 pass
         final = best = step = None
@@ -462,12 +497,12 @@ def sweep_text(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 def cancel(doc: dict[str, Any]) -> dict[str, str]:
     """Stop the sweep: its runner starts no more points (SIGTERM; it cancels the running ones), and every point
     still running is cancelled here too (a runner that is gone leaves them to us). Returns job -> final state."""
-    from orchestrator import api
+    from orchestrator import records
     from orchestrator.store import JobStore
     from orchestrator.types import is_terminal
     if doc.get("slurm_array"):  # the whole array first: no task starts any more, the running ones end
         try:
-            api.cancel_array(api.cluster_of(doc["points"][0]["run_dir"]), str(doc["slurm_array"]))
+            records.cancel_array(records.cluster_of(doc["points"][0]["run_dir"]), str(doc["slurm_array"]))
         except Exception:  # noqa: BLE001 - ended already; each point is cancelled below as well
             pass
     pid = doc.get("runner_pid")
@@ -489,17 +524,17 @@ def cancel(doc: dict[str, Any]) -> dict[str, str]:
 
 
 def _cancel_point(rec) -> str:
-    """api.cancel of one point; a SLURM task the array's scancel is ending already may refuse a second scancel: its
+    """records.cancel of one point; a SLURM task the array's scancel is ending already may refuse a second scancel: its
     end is then what SLURM says within a few seconds."""
-    from orchestrator import api
+    from orchestrator import records
     from orchestrator.errors import OrchestratorError
     from orchestrator.types import is_terminal
     try:
-        return api.cancel(rec.id)
+        return records.cancel(rec.id)
     except OrchestratorError:
         for _ in range(40):
             time.sleep(0.25)
-            rec = api.reconcile(rec)[0]
+            rec = records.reconcile(rec)[0]
             if is_terminal(rec.state):
                 return rec.state
         raise
@@ -552,7 +587,7 @@ def log_path(sweep_id: str) -> Path:
     return sweeps_dir() / f"{sweep_id}.log"
 
 
-def detach(args, argv: list[str]) -> int:
+def detach(args, argv: list[str], say: Callable[[str], None] = print) -> int:
     """`submit --sweep ... --detach`: plan every point here (a bad point: exit 2, nothing started), then run this
     very submit (same sweep id, without --detach) as the sweep's runner in a session of its own, output to
     log_path; return once it has recorded the sweep. `orchestrate attach SWEEP_ID` follows it, `cancel` stops it."""
@@ -563,9 +598,9 @@ def detach(args, argv: list[str]) -> int:
     child = [a for a in argv if a not in ("--detach", "-d")] + ["--sweep-id", sweep_id, "--color", "never"]
     log = log_path(sweep_id)
     return start_background(  # (the runner plans every point again before it records the sweep)
-        child, log, lambda: read_sweep(sweep_id) is not None, f"sweep {sweep_id}", lambda pid: print(
+        child, log, lambda: read_sweep(sweep_id) is not None, f"sweep {sweep_id}", lambda pid: say(
             f"sweep {sweep_id}: {len(planned)} point(s), runs detached (runner pid {pid}, output {log}); follow it "
-            f"with: orchestrate attach {sweep_id}", flush=True), wait_s=300)
+            f"with: orchestrate attach {sweep_id}"), wait_s=300)
 
 
 def follow(doc: dict[str, Any], say: Callable[[str], None], poll_s: float = 0.5) -> bool:
