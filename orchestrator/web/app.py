@@ -96,7 +96,10 @@ def create_app(token: str, bind_host: str = "127.0.0.1", port: int | None = None
                                 (b"x-content-type-options", b"nosniff")]
                     message = dict(message, headers=headers)
                 await send(message)
-            return await self.app(scope, receive, send_headers)
+            try:
+                return await self.app(scope, receive, send_headers)
+            except Exception:  # noqa: BLE001 - starlette re-raises what it answered with the 500 page (server_error
+                return None  # logged it, its traceback once): not again into the server's output on every poll
 
     def page_token(request: Request) -> str | None:
         """The token, in the page, only for a request that showed it (the page's Cancel sends it back)."""
