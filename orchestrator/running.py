@@ -334,7 +334,8 @@ def wait_for_leases(prepared: Prepared, sup: Supervisor, store, rd: RunDir, busy
     try:
         old = rd.read_json(RunDir.QUEUE)
         since = old.get("since") if isinstance(old, dict) and old.get("waiting_for") else None
-        rd.write_json(RunDir.QUEUE, {"waiting_for": line, "since": since or time.time(), "t": time.time()})
+        rd.write_json(RunDir.QUEUE, {"waiting_for": line, "since": since or time.time(), "t": time.time(),
+                                     "busy": [{k: b.get(k) for k in ("host", "what", "holder")} for b in busy.busy]})
         store.update(job, JobState.QUEUED, detail=line[:500])
         told = _TOLD.get(job)
         poll = queue_poll_s(store, busy)

@@ -129,7 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--local-only", action="store_true", help="ask no SSH host (hosts gone for good): only this "
                                                              "machine's run dirs and records go")
     g.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_dashboard(sub)
     return ap
+
+
+def _add_dashboard(sub) -> None:
+    """`orchestrate dashboard` (orchestrator.web: the second face; its own arguments and run)."""
+    from orchestrator.web.command import add_parser
+    add_parser(sub)
+
+
+def cmd_dashboard(args) -> int:
+    from orchestrator.web.command import run
+    return run(args)
 
 
 def _prepare(args, run_dir: str | None = None):
@@ -538,7 +550,8 @@ def cmd_gc(args) -> int:
 
 
 COMMANDS = {"submit": cmd_submit, "render": cmd_render, "ls": cmd_ls, "status": cmd_status, "logs": cmd_logs,
-            "attach": cmd_attach, "plot": cmd_plot, "cancel": cmd_cancel, "gc": cmd_gc, "sweep": cmd_sweep}
+            "attach": cmd_attach, "plot": cmd_plot, "cancel": cmd_cancel, "gc": cmd_gc, "sweep": cmd_sweep,
+            "dashboard": cmd_dashboard}
 
 
 def main(argv: list[str] | None = None) -> int:
