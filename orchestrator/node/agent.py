@@ -139,6 +139,10 @@ class Agent:
         self.relay: RankRelay | None = None  # node.ranklines.RankRelay: the ranks' output, tagged by rank (start_relay)
         self.subreaper = False  # this process is its launch's child subreaper (main; proctools.sweep_launch)
         self.watch = None  # node.rankwatch.RankWatch once watch_ranks started it: the ranks' pids it found
+        # the lease (node.lease.Held): its descriptors go to the launch (the kernel keeps the lease while any holder
+        # lives) and its files name the launch and the ranks (the next taker waits for them): a killed agent's host
+        # stays leased until the last process of its job there is gone
+        self.lease = None
 
     @property
     def emulated(self) -> bool:
@@ -370,7 +374,8 @@ class Agent:
         # handler (the recipes' save-on-signal) replaces the ignore in the ranks.
         try:
             self.proc = subprocess.Popen(argv, env=env, start_new_session=True, cwd=cwd if not container else None,
-                                         stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
+                                         stdin=subprocess.DEVNULL, preexec_fn=_child_setup,
+                                         pass_fds=tuple(self.lease.fds) if self.lease is not None else ())
         except BaseException:
             self.close_relay()
             raise
@@ -382,10 +387,16 @@ class Agent:
                 container=container, runtime=cp.runtime if cp is not None else ""))
         except OSError as e:  # (a full disk) the agent still owns and tears down its launch; `--kill` from outside
             os.write(2, f"orchestrate node agent: agent record could not be written: {write_error(e)}\n".encode())
+        self.note_lease([])
         if self.stopping.is_set():  # a signal raced the start
             self.stopping.clear()
             self.stop(self.stop_reason or "stopped during start")
         return True
+
+    def note_lease(self, ranks: list[int]) -> None:
+        """The lease's files name the launch and `ranks` (pids) with their start times (node.lease.Held.note)."""
+        if self.lease is not None and self.proc is not None:
+            self.lease.note([[p, process_start_time(p)] for p in [self.proc.pid, *ranks]])
 
     def start_relay(self) -> None:
         """Per-rank output (node.ranklines): one pipe per rank of this node, each line passed on tagged `[rankG]: `."""
@@ -464,7 +475,8 @@ class Agent:
         instead of after torchrun's own poll, error report and exit. Its peers on this node are blocked on it and
         a checkpoint cannot complete without it: KILL, no grace."""
         from orchestrator.node.rankwatch import RankWatch
-        watch = RankWatch(self.token, list(self.plan.node(self.rank).ranks), self.rd.heartbeats)
+        watch = RankWatch(self.token, list(self.plan.node(self.rank).ranks), self.rd.heartbeats,
+                          found=lambda pids: self.note_lease(sorted(pids.values())))
         self.watch = watch
 
         def run() -> None:
@@ -730,6 +742,14 @@ def main(argv: list[str] | None = None) -> int:
             # the lease first: a host that another job leases has its main port in use by that job, which is no
             # problem of this host (it waits, QUEUED): the port is checked once this job holds the lease
             res = probe_spec(dict(spec, port=0) if busy else spec)
+            last = (lease.previous or {}).get("job") if lease is not None else None
+            if lease is not None and res.pop("port_busy", False) and last and last != spec["lease"].get("job"):
+                # the lease's last holder just ended, its port is not closed yet: still its (QUEUED), not a bad host
+                busy = {"host": spec["lease"]["host"], "lock": "port", "holder": lease.previous,
+                        "what": f"main port {spec['port']} of host {spec['lease']['host']} (still in use)"}
+                res["problems"] = [p for p in res["problems"] if not p.startswith("main port ")]
+                lease.release()
+                lease = None
             if spec.get("lease"):
                 res["busy"] = busy
             print(PROBE_MARK + json.dumps(res), flush=True)
@@ -789,6 +809,7 @@ def main(argv: list[str] | None = None) -> int:
             lease, busy = take_lease(request)
             if lease is None:
                 return agent.refuse(busy_text(busy or {}), EXIT_BUSY, "LeaseBusy")
+    agent.lease = lease
     problem = agent.node_checks() or agent.gpu_health_check() or agent.container_check() or bad_emulation
     if problem:
         return agent.refuse(problem)
