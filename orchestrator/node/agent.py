@@ -728,6 +728,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         emulation, bad_emulation = None, str(e)
     parent = os.getppid()  # before anything can make this process an orphan
+    if args.node_rank is not None and not (args.kill or args.diagnose or args.status):
+        RunDir(Path(args.run_dir).expanduser()).forget_attempt(args.node_rank)  # (before its pre-flight can be killed)
     os.umask(0o077)  # everything the agent and its launch create in the run dir is owner-only
     lease = None  # the host's / GPUs' lease (core.leases): held by this process until it ends
     go: dict[str, str] | None = None  # the probe's go line (its secrets), read while it waited for it
@@ -791,6 +793,8 @@ def main(argv: list[str] | None = None) -> int:
         planned = RunDir(run_dir).read_plan()
         plan = bind_port(planned, dict(os.environ))
         rank = bind_rank(args.node_rank, dict(os.environ), plan.nodes)
+        if args.node_rank is None:  # (a rank from SLURM's environment: known only now)
+            RunDir(run_dir).forget_attempt(rank)
         main_ip = bind_main_ip(args.main_ip, plan.main_host, dict(os.environ))
     except (AgentError, OSError, ValueError, KeyError) as e:
         print(f"orchestrate node agent: {e}", file=sys.stderr)
