@@ -249,6 +249,7 @@ def cmd_submit(args) -> int:
     record_self(prepared.plan.job_id)
     sup = Supervisor(prepared.plan)
     _supervisor_signals(sup, prepared.plan.run_dir)
+    _watch_output_reader(sup)
     try:
         result = api.submit(prepared, on_line=on_line, on_beat=on_beat, on_event=on_event, supervisor=sup,
                             wait=not args.no_wait, adopt=adopt)
@@ -309,6 +310,31 @@ def _output_failed(sup, e: OSError) -> None:
                   flush=True)
         except OSError:
             pass
+
+
+def _watch_output_reader(sup) -> None:
+    """stdout a pipe (a sweep's runner reads each point's submit through one): the reader's end closing (the runner
+    SIGKILLed) is seen at once (POLLERR on the write end), as a failed write would see it, not at the next write: a
+    QUEUED point writes nothing for as long as it waits."""
+    import select
+    import stat
+    import threading
+    try:
+        if not stat.S_ISFIFO(os.fstat(1).st_mode):
+            return
+    except OSError:
+        return
+
+    def run() -> None:
+        poll = select.poll()
+        poll.register(1, select.POLLERR)
+        events = 0
+        while not events & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+            for _fd, ev in poll.poll():
+                events |= ev
+        if not sup.cancel.is_set() and not events & select.POLLNVAL:
+            _output_failed(sup, BrokenPipeError(errno.EPIPE, "Broken pipe"))
+    threading.Thread(target=run, daemon=True, name="output-reader").start()
 
 
 def _supervisor_signals(sup, run_dir: str) -> None:
