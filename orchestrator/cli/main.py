@@ -239,6 +239,8 @@ def cmd_submit(args) -> int:
         elif kind == "restart":
             say(f"job {data['job_id']}: restart {data['restart']}/{data['max_restarts']} from the latest "
                 f"checkpoint (furthest step {data['step']}): {data['reason']}")
+        elif kind == "replanned":  # a spare took a node over: its lines carry the host that runs it now
+            hosts.update(data["hosts"])
         elif kind in ("notify", "note"):  # a notification not delivered; an end the store cannot take yet
             try:
                 print(f"orchestrate: job {data['job_id']}: {data['line']}", file=sys.stderr, flush=True)

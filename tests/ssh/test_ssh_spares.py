@@ -55,6 +55,8 @@ def test_a_host_that_crashes_every_attempt_is_replaced_by_the_spare(testbed, tmp
     run_dir = home / "runs" / job
     plan = json.loads((run_dir / "plan.json").read_text())
     assert [n["host"] for n in plan["node_plans"]] == [a, c], plan["node_plans"]  # the spare took b's place
+    after = p.stdout.split("restart 2/", 1)[1]  # the live output labels node 1 with the host that runs it now
+    assert f"[{c} node1 rank1]" in after and f"[{b} node1" not in after, after[-3000:]
     attempts = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
     assert [(x["decision"], x["host"], x["kind"], x["exclude"]) for x in attempts] == [
         ("restart", b, "crash", ""), ("restart", b, "crash", b)], attempts
