@@ -670,6 +670,7 @@ def take_lease(request: dict):
     return take([Lock.from_list(x) for x in request["locks"]], who, str(request["host"]))
 
 
+PORT_WAIT_S = 60.0  # a main port still open after its lease's last holder ended: waited for (QUEUED) this long
 PROBE_WORDS = ("release", "retry")  # a probing agent's control lines: {"release": true}, {"retry": true}
 
 
@@ -733,6 +734,7 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(0o077)  # everything the agent and its launch create in the run dir is owner-only
     lease = None  # the host's / GPUs' lease (core.leases): held by this process until it ends
     go: dict[str, str] | None = None  # the probe's go line (its secrets), read while it waited for it
+    port_busy_since: float | None = None  # the main port found still open after the lease's last holder, since
     if args.probe is not None:
         from orchestrator.core.leases import EXIT_BUSY
         from orchestrator.node.probe import PROBE_MARK, probe_spec
@@ -745,7 +747,8 @@ def main(argv: list[str] | None = None) -> int:
             # problem of this host (it waits, QUEUED): the port is checked once this job holds the lease
             res = probe_spec(dict(spec, port=0) if busy else spec)
             last = (lease.previous or {}).get("job") if lease is not None else None
-            if lease is not None and res.pop("port_busy", False) and last and last != spec["lease"].get("job"):
+            if lease is not None and res.pop("port_busy", False) and last and last != spec["lease"].get("job") and \
+                    time.monotonic() - (port_busy_since := port_busy_since or time.monotonic()) < PORT_WAIT_S:
                 # the lease's last holder just ended, its port is not closed yet: still its (QUEUED), not a bad host
                 busy = {"host": spec["lease"]["host"], "lock": "port", "holder": lease.previous,
                         "what": f"main port {spec['port']} of host {spec['lease']['host']} (still in use)"}
