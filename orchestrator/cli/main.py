@@ -256,6 +256,8 @@ def cmd_submit(args) -> int:
         elif kind == "restart":
             say(f"job {data['job_id']}: restart {data['restart']}/{data['max_restarts']} from the latest "
                 f"checkpoint (furthest step {data['step']}): {data['reason']}")
+        elif kind == "replanned":  # a spare took a node over: its lines carry the host that runs it now
+            hosts.update(data["hosts"])
         elif kind in ("notify", "note"):  # a notification not delivered; an end the store cannot take yet
             try:
                 print(f"orchestrate: job {data['job_id']}: {data['line']}", file=sys.stderr, flush=True)
@@ -263,6 +265,7 @@ def cmd_submit(args) -> int:
                 pass
 
     sup = Supervisor(prepared.plan)
+    _watch_output_reader(sup)
     try:
         result = running.supervise_here(prepared, supervisor=sup, signals=lambda s: _supervisor_signals(
             s, prepared.plan.run_dir), on_line=on_line, on_beat=on_beat, on_event=on_event, wait=not args.no_wait,
@@ -326,6 +329,31 @@ def _output_failed(sup, e: OSError) -> None:
                   flush=True)
         except OSError:
             pass
+
+
+def _watch_output_reader(sup) -> None:
+    """stdout a pipe (a sweep's runner reads each point's submit through one): the reader's end closing (the runner
+    SIGKILLed) is seen at once (POLLERR on the write end), as a failed write would see it, not at the next write: a
+    QUEUED point writes nothing for as long as it waits."""
+    import select
+    import stat
+    import threading
+    try:
+        if not stat.S_ISFIFO(os.fstat(1).st_mode):
+            return
+    except OSError:
+        return
+
+    def run() -> None:
+        poll = select.poll()
+        poll.register(1, select.POLLERR)
+        events = 0
+        while not events & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+            for _fd, ev in poll.poll():
+                events |= ev
+        if not sup.cancel.is_set() and not events & select.POLLNVAL:
+            _output_failed(sup, BrokenPipeError(errno.EPIPE, "Broken pipe"))
+    threading.Thread(target=run, daemon=True, name="output-reader").start()
 
 
 def _supervisor_signals(sup, run_dir: str) -> None:
