@@ -101,6 +101,13 @@ def timed(home: Path, *args: str) -> float:
     return time.perf_counter() - t
 
 
+def write_results(out: str, rows: list[dict]) -> None:
+    """The rows, with when and on how many CPUs they were measured, to `out` (JSON)."""
+    Path(out).write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
+                                     "rows": rows}, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="8x8,64x8,256x8,1024x8")
@@ -131,9 +138,7 @@ def main() -> None:
                        **{f"{k}_range_s": [round(min(v), 3), round(max(v), 3)] for k, v in times.items()}}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    Path(args.out).write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
-                                          "rows": rows}, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_results(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -383,6 +383,8 @@ def submit(job: str | os.PathLike[str] | Mapping[str, Any], *, nodes: int | None
     detach=True (default): returns once the job is recorded; a supervisor of its own (the one of `orchestrate
     submit --detach`) runs it, and it survives this process. detach=False: this process supervises it to its end
     (Ctrl-C cancels the job, as an attached `orchestrate submit`) and the Job returned has ended."""
+    if sweep_block(job_file(job)) is not None:  # (`orchestrate submit` of such a file runs the sweep)
+        raise ConfigError(Problem("sweep", "this job has a sweep: block: run it with orchestrator.sweep(job, {})"))
     path, prepared = _prepare(job, nodes=nodes, cluster=cluster, profile=profile, overrides=overrides,
                               procs_per_node=procs_per_node)
     if detach:
@@ -598,17 +600,19 @@ def sweep(job: str | os.PathLike[str] | Mapping[str, Any], grid: Mapping[str, An
           profile: str | None = None, overrides: Mapping[str, Any] | Sequence[str] | None = None,
           stop_if_worse: float | None = None, procs_per_node: int | None = None, detach: bool = True) -> Sweep:
     """One job per combination of `grid`'s values ({dotted key: [values]}; the job's own `sweep:` block too, `grid`
-    winning on a key), at most `max_parallel` at once; `stop_if_worse`: cancel a point whose loss is NaN or above
-    that factor times the best point's at the same step. Every point is planned first: a bad one raises ConfigError
-    naming it, nothing started. detach=True: a runner of its own runs it (it survives this process); False: this
-    process runs it to the end."""
+    winning on a key; `{}`: the block alone), at most `max_parallel` at once; `stop_if_worse`: cancel a point whose
+    loss is NaN or above that factor times the best point's at the same step. Every point is planned first: a bad
+    one raises ConfigError naming it, nothing started. detach=True: a runner of its own runs it (it survives this
+    process); False: this process runs it to the end."""
     import types
     from orchestrator import sweeps
-    if not isinstance(grid, Mapping) or not grid:
-        raise ConfigError(Problem("grid", "a non-empty mapping of dotted keys to lists of values"))
+    if not isinstance(grid, Mapping):
+        raise ConfigError(Problem("grid", "a mapping of dotted keys to lists of values"))
     if stop_if_worse is not None and not stop_if_worse > 1:
         raise ConfigError(Problem("stop_if_worse", f"must be a number > 1, got {stop_if_worse}"))
     path = job_file(job)
+    if not grid and sweep_block(path) is None:
+        raise ConfigError(Problem("grid", "empty, and the job has no sweep: block: nothing to sweep"))
     options, max_parallel, stop_if_worse = _sweep_options(path, grid, max_parallel, stop_if_worse)
     overrides_list = dotlist(overrides)
     args = types.SimpleNamespace(recipe=path, cluster=None if cluster is None else os.fspath(cluster), nodes=nodes,

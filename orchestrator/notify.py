@@ -48,6 +48,29 @@ def event_of(result: JobResult) -> str:
     return "hung" if result.hung else "failed"
 
 
+TEXT_LIMIT = 1000  # characters of the one-line `text` (Discord's `content` takes at most 2000)
+_HEADS = {"restarted": "restarting", "preempted": "preempted, requeued", "hung": "FAILED (hung)", "failed": "FAILED",
+          "completed": "COMPLETED", "cancelled": "CANCELLED"}
+
+
+def text_of(p: dict[str, Any]) -> str:
+    """An event's payload in one line, what chat incoming webhooks show (`text`: Slack, Teams; `content`: Discord):
+    `orchestrate: job J FAILED (cluster, N nodes) at step S/M, loss L: root cause`."""
+    nodes = p.get("nodes")
+    where = [w for w in (p.get("cluster") or p.get("backend"),
+                         f"{nodes} node{'' if nodes == 1 else 's'}" if isinstance(nodes, int) else None) if w]
+    text = f"orchestrate: job {p.get('job_id', '?')} {_HEADS.get(p['event'], p['event'])}"
+    text += f" ({', '.join(map(str, where))})" if where else ""
+    if p.get("attempt") is not None:
+        text += f", attempt {p['attempt']},"
+    if p["event"] != "started" and p.get("step") is not None:
+        text += f" at step {p['step']}" + (f"/{p['max_steps']}" if p.get("max_steps") else "")
+        text += f", loss {p['loss']:.4g}" if isinstance(p.get("loss"), float) else ""
+    why = p.get("root_cause") or p.get("reason")
+    text += f": {why}" if why else ""
+    return " ".join(text.split())[:TEXT_LIMIT]
+
+
 class Notifier:
     """Deliver one job's notifications (see the module docstring). `facts`: what every event carries (job id,
     backend, cluster, nodes, hosts, run dir, ...); `say(line)`: where a failure is told besides RUN_DIR/notify.log."""
@@ -131,6 +154,7 @@ class Notifier:
         payload.update(facts)
         if payload.get("step") is None:
             payload["step"] = self.rd.furthest_step()
+        payload["text"] = payload["content"] = text_of(payload)
         with self._lock:
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, daemon=True, name="notify")

@@ -137,7 +137,7 @@ def logs(job: str, node: int | None = None):
     return launcher.logs(handle, rd, node)
 
 
-def cancel(job: str, wait_s: float = 90.0) -> str:
+def cancel(job: str, wait_s: float = 90.0, by: str = "cancelled by the user (orchestrate cancel)") -> str:
     """Cancel a job from any process: its supervisor is asked (a cancel request in the run dir + SIGTERM: it tears
     every node down and records CANCELLED); with no supervisor left, the backend is asked directly. Returns the
     final state; raises OrchestratorError when the job did not end within `wait_s`."""
@@ -148,7 +148,6 @@ def cancel(job: str, wait_s: float = 90.0) -> str:
     if is_terminal(rec.state):
         return rec.state
     rd = RunDir(rec.run_dir)
-    by = "cancelled by the user (orchestrate cancel)"
     sup = live_supervisor(rec.id)
     if sup is not None:
         rd.request_cancel(by)

@@ -23,7 +23,7 @@ from orchestrator.api import Prepared, replan, spares_left, write_files
 from orchestrator.errors import LeasesBusy, PreflightError, Problem, SubmitCancelled
 from launchers import launcher_for
 from orchestrator.node.rundir import AttemptRecord, RunDir, write_error
-from orchestrator.supervise import RestartPolicy, Supervisor
+from orchestrator.supervise import RestartPolicy, Supervisor, spares_matter
 from orchestrator.types import JobHandle, JobResult, JobState, exit_signal
 from orchestrator.core.jobplan import LaunchPlan
 
@@ -111,13 +111,14 @@ def submit(prepared: Prepared, *, on_line: Callable[[int, str], None] | None = N
                 spares = spares_left(prepared) if e.bad_hosts else None
                 if spares is None or spares < len(e.bad_hosts) or len(e.bad_hosts) < len({p.where for p in e.problems}):
                     if e.bad_hosts:
-                        why = str(e) + ("" if spares is None else f" (no spare host left to replace "
-                                                                  f"{', '.join(sorted(e.bad_hosts))})")
-                        store.update(plan.job_id, JobState.FAILED, detail=why[:500], root_cause=why[:500])
-                        if spares is not None:
+                        if spares is not None and len(e.bad_hosts) == len({p.where for p in e.problems}) and \
+                                spares_matter(e.bad_hosts):
                             gone = ", ".join(sorted(e.bad_hosts))
-                            left = Problem("ssh.hosts", f"no spare host left to replace {gone}")
-                            raise PreflightError(e.problems + [left], source=e.source) from None
+                            e = PreflightError(e.problems + [Problem("ssh.hosts", f"no spare host left to replace "
+                                                                                  f"{gone}")], source=e.source)
+                        store.update(plan.job_id, JobState.FAILED, detail=str(e)[:500], root_cause=str(e)[:500],
+                                     exit_code=e.exit_code)  # (the very line and code the submit prints and exits)
+                        raise e from None
                     raise
                 for host, why in e.bad_hosts.items():
                     rd.append_attempt(AttemptRecord(t=time.time(), attempt=attempt, decision="replace",
@@ -334,7 +335,8 @@ def wait_for_leases(prepared: Prepared, sup: Supervisor, store, rd: RunDir, busy
     try:
         old = rd.read_json(RunDir.QUEUE)
         since = old.get("since") if isinstance(old, dict) and old.get("waiting_for") else None
-        rd.write_json(RunDir.QUEUE, {"waiting_for": line, "since": since or time.time(), "t": time.time()})
+        rd.write_json(RunDir.QUEUE, {"waiting_for": line, "since": since or time.time(), "t": time.time(),
+                                     "busy": [{k: b.get(k) for k in ("host", "what", "holder")} for b in busy.busy]})
         store.update(job, JobState.QUEUED, detail=line[:500])
         told = _TOLD.get(job)
         poll = queue_poll_s(store, busy)
@@ -419,7 +421,8 @@ def _run_once(prepared: Prepared, launcher, sup: Supervisor, store, rd: RunDir, 
         raise
     except Exception as e:
         if not getattr(e, "bad_hosts", None):  # (hosts a spare may replace: the caller decides, and records)
-            store.update(plan.job_id, JobState.FAILED, detail=str(e)[:500], root_cause=str(e)[:500])
+            store.update(plan.job_id, JobState.FAILED, detail=str(e)[:500], root_cause=str(e)[:500],
+                         exit_code=getattr(e, "exit_code", None))
         raise
     return _watch(running, plan, sup, store, rd, attempt, on_event)
 

@@ -421,6 +421,16 @@ class JobStore:
         rows = self._read("SELECT t, state, detail FROM events WHERE job_id=? ORDER BY t", (job_id,))
         return [{"t": t, "state": s, "detail": d} for t, s, d in rows]
 
+    def events_of(self, job_ids: builtins.list[str]) -> dict[str, builtins.list[dict]]:
+        """`events` of several jobs in one query (a page of a jobs list): job id -> its events, oldest first."""
+        out: dict[str, builtins.list[dict]] = {j: [] for j in job_ids}
+        if job_ids:
+            rows = self._read(f"SELECT job_id, t, state, detail FROM events WHERE job_id IN "
+                              f"({','.join('?' * len(job_ids))}) ORDER BY t", tuple(job_ids))
+            for j, t, s, d in rows:
+                out[j].append({"t": t, "state": s, "detail": d})
+        return out
+
 
 def digest(text: str) -> str:
     import hashlib

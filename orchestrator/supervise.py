@@ -407,6 +407,15 @@ class Supervisor:
 
 # ------------------------------------------------------------------------------------------------ restarts
 
+def spares_matter(bad_hosts: dict[str, str]) -> bool:
+    """Whether another host could fix what the pre-flight found (`bad_hosts` {host: why}): not when the main port is
+    taken (the job's port), nor when two or more hosts fail the same way (a missing image or mount: the job's)."""
+    if any("main port" in why for why in bad_hosts.values()):
+        return False
+    whys = [why.replace(host, "HOST") for host, why in bad_hosts.items()]
+    return not (len(whys) > 1 and len(set(whys)) < len(whys))
+
+
 EXCLUDE_AT_ONCE = ("lost", "health", "straggler")  # a host that did this is taken out at the first time
 EXCLUDE_IF_REPEATED = ("crash", "hang")  # ... and one whose rank crashed or hung twice in a row
 
@@ -441,6 +450,9 @@ class RestartPolicy:
         done = [h for h in history if h.decision == "restart"]
         n = max(len(done), counted)
         exclude = ""
+        if n >= self.max_restarts:  # (first: without a restart to come, no spare is the question)
+            return Decision(False, f"restart budget spent ({n} of health.max_restarts={self.max_restarts})"
+                            if self.max_restarts else "restarts are off (health.max_restarts=0)")
         if culprit_host and spares is not None:
             repeated = bool(history) and history[-1].host == culprit_host and history[-1].kind in EXCLUDE_IF_REPEATED
             if culprit_kind in EXCLUDE_AT_ONCE or (culprit_kind in EXCLUDE_IF_REPEATED and repeated):
@@ -448,9 +460,6 @@ class RestartPolicy:
                     return Decision(False, f"{culprit_host} is bad ({culprit_kind}"
                                            f"{', again' if repeated else ''}) and no spare host is left to replace it")
                 exclude = culprit_host
-        if n >= self.max_restarts:
-            return Decision(False, f"restart budget spent ({n} of health.max_restarts={self.max_restarts})"
-                            if self.max_restarts else "restarts are off (health.max_restarts=0)")
         replaced = bool(exclude) or (bool(done) and bool(done[-1].exclude))
         if done and not replaced and (step is None or (done[-1].step is not None and step <= done[-1].step)):
             return Decision(False, f"crash loop: no progress since the last restart (global step {step}, was "

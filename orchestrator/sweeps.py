@@ -207,9 +207,14 @@ def run(args, options: list[str], say: Callable[[str], None] = print) -> int:
         cancel.set()
         if doc.get("slurm_array"):
             threading.Thread(target=_scancel_array, args=(first.cluster, doc["slurm_array"]), daemon=True).start()
+        why = cancel_reason(sweep_id, {signal.SIGINT: "interrupted (Ctrl-C)"}.get(
+            sig, f"its runner got {signal.Signals(sig).name}" if sig else "its runner stopped"))
         with lock:
-            for p in procs.values():
+            for i, p in procs.items():
                 if p.poll() is None:
+                    rd = RunDir(doc["points"][i]["run_dir"])  # every point the same cause, naming the sweep
+                    if rd.cancel_request() is None:  # (`orchestrate cancel SWEEP` wrote its own first)
+                        rd.request_cancel(why)
                     try:
                         os.kill(p.pid, signal.SIGTERM)  # (the point's submit cancels its job and exits)
                     except ProcessLookupError:
@@ -517,6 +522,11 @@ def sweep_text(doc: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def cancel_reason(sweep_id: str, how: str) -> str:
+    """The one cause every point of a cancelled sweep records: the sweep, and how it was cancelled."""
+    return f"sweep {sweep_id} was cancelled: {how}"
+
+
 def cancel(doc: dict[str, Any]) -> dict[str, str]:
     """Stop the sweep: its runner starts no more points (SIGTERM; it cancels the running ones), and every point
     still running is cancelled here too (a runner that is gone leaves them to us). Returns job -> final state."""
@@ -528,6 +538,11 @@ def cancel(doc: dict[str, Any]) -> dict[str, str]:
             records.cancel_array(records.cluster_of(doc["points"][0]["run_dir"]), str(doc["slurm_array"]))
         except Exception:  # noqa: BLE001 - ended already; each point is cancelled below as well
             pass
+    why = cancel_reason(str(doc.get("id")), f"by the user (orchestrate cancel {doc.get('id')})")
+    for pt in doc.get("points") or []:  # said before the runner is told: every point ends with this one cause
+        rec = JobStore().get(pt["job_id"])
+        if rec is not None and not is_terminal(rec.state):
+            RunDir(rec.run_dir).request_cancel(why)
     pid = doc.get("runner_pid")
     if isinstance(pid, int) and pid > 0 and live_sweep_runner(doc) == pid:
         try:
@@ -542,18 +557,18 @@ def cancel(doc: dict[str, Any]) -> dict[str, str]:
         elif is_terminal(rec.state):
             out[pt["job_id"]] = rec.state
         else:
-            out[pt["job_id"]] = _cancel_point(rec)
+            out[pt["job_id"]] = _cancel_point(rec, why)
     return out
 
 
-def _cancel_point(rec) -> str:
+def _cancel_point(rec, why: str) -> str:
     """records.cancel of one point; a SLURM task the array's scancel is ending already may refuse a second scancel: its
     end is then what SLURM says within a few seconds."""
     from orchestrator import records
     from orchestrator.errors import OrchestratorError
     from orchestrator.types import is_terminal
     try:
-        return records.cancel(rec.id)
+        return records.cancel(rec.id, by=why)
     except OrchestratorError:
         for _ in range(40):
             time.sleep(0.25)

@@ -31,7 +31,8 @@ echo "setup: DeepSpeed CPU extension (builds once, ~1 min; then a no-op)"
 timeout 900 $VENV/bin/python -c "from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder; ShareMemCommBuilder().load()" \
     >/dev/null 2>&1 || echo "setup: warning: DeepSpeed CPU extension did not build (DeepSpeed tests will build it)"
 if [ "${1:-}" != "--no-testbeds" ] && [ "$(id -u)" = 0 ]; then
-    for s in scripts/install_ssh_deps.sh scripts/install_slurm_deps.sh scripts/install_container_deps.sh; do
+    for s in scripts/install_ssh_deps.sh scripts/install_slurm_deps.sh scripts/install_container_deps.sh \
+             scripts/install_browser_deps.sh; do
         [ -x "$s" ] && bash "$s"
     done
 fi

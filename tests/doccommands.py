@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SUBCOMMANDS = ("submit", "render", "ls", "status", "attach", "logs", "plot", "cancel", "gc", "sweep")
+SUBCOMMANDS = ("submit", "render", "ls", "status", "attach", "logs", "plot", "cancel", "gc", "sweep", "dashboard")
 VARIABLES = ("JOB", "SWEEP_ID", "DIR")
 ANNOTATION = re.compile(r'doc-test:\s*(skip|exit \d+|slurm)\s*(?:"([^"]+)")?\s*:\s*(.*?)\s*(?:-->)?\s*$')
 

@@ -41,7 +41,11 @@ def node_of_rank(plan: dict, rank: int) -> int:
 class LogTail:
     """New complete lines of RUN_DIR/logs/node<R>.log since the last call, filtered, prefixed [host nodeR rankG]."""
 
-    def __init__(self, run_dir, node: int | None = None, rank: int | None = None, grep: str | None = None):
+    def __init__(self, run_dir, node: int | None = None, rank: int | None = None, grep: str | None = None,
+                 tail_bytes: int | None = None, offsets: dict[int, int] | None = None):
+        """`tail_bytes`: a log read for the first time is read from that many bytes before its end (its first, partial
+        line left out; None: from its start). `offsets`: node -> where an earlier reader's complete lines ended
+        (`positions()`): those logs are read on from there (the dashboard's live log is stateless)."""
         self.run_dir = Path(run_dir)
         try:
             plan = json.loads((self.run_dir / "plan.json").read_text())
@@ -52,14 +56,18 @@ class LogTail:
         self.node = node
         self.keep = log_filter(node, rank, grep)
         self.hosts = {n["node_rank"]: n.get("host") or f"node{n['node_rank']}" for n in plan.get("node_plans", [])}
-        self.offsets: dict = {}
+        self.tail_bytes = tail_bytes
+        self.offsets: dict = {self._path(n): int(o) for n, o in (offsets or {}).items()}
         self.pending: dict = {}
+
+    def _path(self, node: int) -> Path:
+        return self.run_dir / "logs" / f"node{node}.log"
 
     def paths(self) -> list[tuple[int, Path]]:
         """(node, log) to read: the one node's when a node or rank is asked for (no directory listing), else all."""
         logs = self.run_dir / "logs"
         if self.node is not None:
-            return [(self.node, logs / f"node{self.node}.log")]
+            return [(self.node, self._path(self.node))]
         found = []
         for path in logs.glob("node*.log"):
             m = re.fullmatch(r"node(\d+)\.log", path.name)
@@ -71,22 +79,31 @@ class LogTail:
         for line in self.lines():
             print(line, flush=True)
 
-    def lines(self) -> Iterator[str]:
-        """The new complete lines, filtered and prefixed (what drain prints)."""
+    def lines(self, max_bytes: int | None = None) -> Iterator[str]:
+        """The new complete lines of every log read, filtered and prefixed: what drain prints (`max_bytes`: at most
+        that much of each log per call; the rest comes next time)."""
         for n, path in self.paths():
             try:
                 with open(path, "rb") as f:
-                    f.seek(self.offsets.get(path, 0))
-                    data = self.pending.get(path, b"") + f.read()
+                    start, partial = self.offsets.get(path), False
+                    if start is None and self.tail_bytes is not None:
+                        start = max(0, f.seek(0, 2) - self.tail_bytes)
+                        partial = start > 0
+                    f.seek(start or 0)
+                    data = self.pending.get(path, b"") + (f.read() if max_bytes is None else f.read(max_bytes))
                     self.offsets[path] = f.tell()
             except FileNotFoundError:  # (not yet: the node has not started)
                 continue
             *lines, rest = re.split(rb"[\r\n]", data)
             self.pending[path] = rest
-            for raw in lines:
+            for raw in lines[1:] if partial else lines:
                 line = raw.decode(errors="replace")
                 if not line.strip() or line.startswith("ORCHESTRATE_HB "):
                     continue
                 r, text = split_rank(line)
                 if self.keep(n, r, text):
                     yield f"{prefix(self.hosts.get(n, '?'), n, r)} {text}"
+
+    def positions(self) -> dict[int, int]:
+        """node -> where the complete lines read so far end in its log (a later LogTail's `offsets`)."""
+        return {n: self.offsets[p] - len(self.pending.get(p, b"")) for n, p in self.paths() if p in self.offsets}

@@ -31,7 +31,8 @@ EPILOG = """examples:
 
 
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("recipe", help="recipe YAML (recipes/configs/*.yaml)")
+    p.add_argument("recipe", metavar="job", help="the job: a recipe YAML (recipe: sft|dpo|cp, e.g. "
+                   "recipes/configs/sft_tiny.yaml) or a job file of your own code (run: {script|module|trl, args})")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotlist overrides, e.g. trainer.max_steps=10; "
                                                                       "cluster.<key>=... overrides the cluster file")
     p.add_argument("--nodes", "-N", type=int, default=None, help="number of nodes (launch.nodes)")
@@ -76,8 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("render", help="dry run: write the plan and every per-node file to a directory",
                        description="Dry run: writes DIR/plan.json, DIR/recipe.yaml and DIR/nodes/<rank>/"
-                                   "{accelerate.yaml,command.txt}; touches nothing else. A DIR holding another "
-                                   "plan (or other files) is refused unless --force (docs/operations.md).")
+                                   "{accelerate.yaml,command.txt}; starts nothing and records no job (besides DIR it "
+                                   "may write a cache of TRL's config fields in $ORCHESTRATE_HOME/cache). A DIR "
+                                   "holding another plan (or other files) is refused unless --force "
+                                   "(docs/operations.md).")
     _add_plan_args(r)
     r.add_argument("--out", "-o", required=True, help="output directory")
     r.add_argument("--json", action="store_true", help="print the plan as JSON instead of the summary")
@@ -91,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "files there (other files are kept)")
 
     ls = sub.add_parser("ls", help="recent jobs (state, nodes, step, age, root cause)")
-    ls.add_argument("--limit", type=int, default=20)
+    ls.add_argument("--limit", type=int, default=20, help="show at most this many jobs, newest first (default 20)")
     st = sub.add_parser("status", help="one job per node and rank: host, step, loss, heartbeat age, exit code; of a "
                                        "sweep: its table (as `sweep SWEEP_ID`)")
     st.add_argument("job", help="job id (a unique prefix is enough), or a sweep id")
@@ -123,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("sweep_id", help="the sweep id that submit --sweep printed")
     sw.add_argument("--json", action="store_true", help="machine-readable output")
     c = sub.add_parser("cancel", help="cancel a job, or a sweep (every point): every process on every node")
-    c.add_argument("job")
+    c.add_argument("job", help="job id (a unique prefix is enough), or a sweep id")
     g = sub.add_parser("gc", help="remove finished jobs: run dirs, records, their hosts' run dirs and staged files",
                        description="Remove finished jobs older than --older-than: their run dirs and store records "
                        "here and, for SSH hosts without a shared filesystem, each host's run dir and the staged files "
@@ -140,7 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--local-only", action="store_true", help="ask no SSH host (hosts gone for good): only this "
                                                              "machine's run dirs and records go")
     g.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_dashboard(sub)
     return ap
+
+
+def _add_dashboard(sub) -> None:
+    """`orchestrate dashboard` (orchestrator.web: the second face; its own arguments and run)."""
+    from orchestrator.web.command import add_parser
+    add_parser(sub)
+
+
+def cmd_dashboard(args) -> int:
+    from orchestrator.web.command import run
+    return run(args)
 
 
 def _prepare(args, run_dir: str | None = None):
@@ -270,6 +285,8 @@ def cmd_submit(args) -> int:
         elif kind == "restart":
             say(f"job {data['job_id']}: restart {data['restart']}/{data['max_restarts']} from the latest "
                 f"checkpoint (furthest step {data['step']}): {data['reason']}")
+        elif kind == "replanned":  # a spare took a node over: its lines carry the host that runs it now
+            hosts.update(data["hosts"])
         elif kind in ("notify", "note"):  # a notification not delivered; an end the store cannot take yet
             try:
                 print(f"orchestrate: job {data['job_id']}: {data['line']}", file=sys.stderr, flush=True)
@@ -277,6 +294,7 @@ def cmd_submit(args) -> int:
                 pass
 
     sup = Supervisor(prepared.plan)
+    _watch_output_reader(sup)
     try:
         result = running.supervise_here(prepared, supervisor=sup, signals=lambda s: _supervisor_signals(
             s, prepared.plan.run_dir), on_line=on_line, on_beat=on_beat, on_event=on_event, wait=not args.no_wait,
@@ -340,6 +358,31 @@ def _output_failed(sup, e: OSError) -> None:
                   flush=True)
         except OSError:
             pass
+
+
+def _watch_output_reader(sup) -> None:
+    """stdout a pipe (a sweep's runner reads each point's submit through one): the reader's end closing (the runner
+    SIGKILLed) is seen at once (POLLERR on the write end), as a failed write would see it, not at the next write: a
+    QUEUED point writes nothing for as long as it waits."""
+    import select
+    import stat
+    import threading
+    try:
+        if not stat.S_ISFIFO(os.fstat(1).st_mode):
+            return
+    except OSError:
+        return
+
+    def run() -> None:
+        poll = select.poll()
+        poll.register(1, select.POLLERR)
+        events = 0
+        while not events & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+            for _fd, ev in poll.poll():
+                events |= ev
+        if not sup.cancel.is_set() and not events & select.POLLNVAL:
+            _output_failed(sup, BrokenPipeError(errno.EPIPE, "Broken pipe"))
+    threading.Thread(target=run, daemon=True, name="output-reader").start()
 
 
 def _supervisor_signals(sup, run_dir: str) -> None:
@@ -570,7 +613,8 @@ def cmd_gc(args) -> int:
 
 
 COMMANDS = {"submit": cmd_submit, "render": cmd_render, "ls": cmd_ls, "status": cmd_status, "logs": cmd_logs,
-            "attach": cmd_attach, "plot": cmd_plot, "cancel": cmd_cancel, "gc": cmd_gc, "sweep": cmd_sweep}
+            "attach": cmd_attach, "plot": cmd_plot, "cancel": cmd_cancel, "gc": cmd_gc, "sweep": cmd_sweep,
+            "dashboard": cmd_dashboard}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,14 +58,21 @@ def _save(fig, plt, out: str) -> Path:
     return path
 
 
-def plot_sweep(points: list[tuple[str, str]], out: str, title: str) -> tuple[Path, str]:
-    """`points`: (label, run dir) of each point that has one; rank 0's loss over steps of each, on one axis. Returns
-    the PNG and a note naming the points whose curves were downsampled ("" when none was)."""
+def sweep_curves(points: list[tuple[str, str]]) -> tuple[list[tuple[str, list[tuple[int, float]]]], list[str]]:
+    """(label, rank 0's (step, loss) points) of each (label, run dir), and the labels' first words (`p3`) of those
+    whose heartbeat file was downsampled: what `plot SWEEP_ID` draws and the dashboard's sweep page shows."""
     curves, sampled = [], []
     for label, run_dir in points:
         recs, down = read_sampled(RunDir(run_dir).heartbeats / "rank0.jsonl")
         curves.append((label, series(recs)[0].get(0) or []))
         sampled += [label.split()[0]] * down
+    return curves, sampled
+
+
+def plot_sweep(points: list[tuple[str, str]], out: str, title: str) -> tuple[Path, str]:
+    """`points`: (label, run dir) of each point that has one; rank 0's loss over steps of each, on one axis. Returns
+    the PNG and a note naming the points whose curves were downsampled ("" when none was)."""
+    curves, sampled = sweep_curves(points)
     if not any(pts for _, pts in curves):
         raise ConfigError(f"{title}: no point has a heartbeat with a loss yet")
     plt = _pyplot()
@@ -87,14 +94,20 @@ def _world(run: RunDir) -> int | None:
     return world if isinstance(world, int) and world > 0 else None
 
 
-def plot_job(run_dir: str, out: str, title: str, ranks: list[int] | None = None) -> tuple[Path, str]:
-    """The PNG and what it drew (which ranks of how many; which were downsampled). `ranks`: those asked (--rank)."""
+def drawn_ranks(run: RunDir, world: int | None) -> list[int]:
+    """The ranks drawn when none are asked: every rank of a job of at most DEFAULT_RANKS, else rank 0."""
+    have = list(range(world)) if world is not None else \
+        sorted(int(p.stem[4:]) for p in run.heartbeats.glob("rank*.jsonl") if p.stem[4:].isdigit())  # (no plan:
+    return have if len(have) <= DEFAULT_RANKS else [0]  # the files there are; a listing, none opened)
+
+
+def job_curves(run_dir: str, ranks: list[int] | None = None
+               ) -> tuple[dict[int, list[tuple[int, float]]], dict[int, list[tuple[int, float]]], str]:
+    """(loss, tokens/s) points per drawn rank and what was drawn (which ranks of how many; which were downsampled):
+    what `plot JOB` draws and the dashboard's job page shows. `ranks`: those asked (--rank), else `drawn_ranks`."""
     run = RunDir(run_dir)
     world = _world(run)
-    if ranks is None:
-        have = list(range(world)) if world is not None else \
-            sorted(int(p.stem[4:]) for p in run.heartbeats.glob("rank*.jsonl") if p.stem[4:].isdigit())  # (no plan:
-        ranks = have if len(have) <= DEFAULT_RANKS else [0]  # the files there are; a listing, none opened)
+    ranks = drawn_ranks(run, world) if ranks is None else ranks
     records: list[dict] = []
     sampled = []
     for rank in sorted(set(ranks)):
@@ -102,13 +115,19 @@ def plot_job(run_dir: str, out: str, title: str, ranks: list[int] | None = None)
         records += recs
         sampled += [rank] * down
     loss, speed = series(records)
-    if not loss and not speed:
-        raise ConfigError(f"{title}: no heartbeats with a loss yet in {run_dir}/heartbeats")
     drew = f"rank(s) {_spans(sorted(set(ranks)))}" + (f" of {world}" if world else "")
     if world is not None and world > DEFAULT_RANKS and len(set(ranks)) < world:
         drew += " (--rank R to draw others)"
     if sampled:
         drew += f"; rank(s) {_spans(sampled)} downsampled (evenly spaced slices of a long heartbeat file)"
+    return loss, speed, drew
+
+
+def plot_job(run_dir: str, out: str, title: str, ranks: list[int] | None = None) -> tuple[Path, str]:
+    """The PNG and what it drew (which ranks of how many; which were downsampled). `ranks`: those asked (--rank)."""
+    loss, speed, drew = job_curves(run_dir, ranks)
+    if not loss and not speed:
+        raise ConfigError(f"{title}: no heartbeats with a loss yet in {run_dir}/heartbeats")
     plt = _pyplot()
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     for rank, pts in sorted(loss.items()):

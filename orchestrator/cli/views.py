@@ -139,11 +139,13 @@ def resumed_text(r: dict[str, Any], verb: str = "resumed") -> str:
 
 
 def _queue(run_dir: Path, record: dict[str, Any]) -> dict[str, Any] | None:
-    """A QUEUED job: {"position" (in this store's queue, when the caller knows it), "waiting_for", "since"}."""
+    """A QUEUED job: {"position" (in this store's queue, when the caller knows it), "waiting_for", "since", "holders":
+    [{"host", "what", "holder": {"job", "submitter", "pid", "since", ...}}] of each busy lease}."""
     if record["state"] != "QUEUED":
         return None
     q = _read_json(run_dir / "queue.json")
-    return {"position": record.get("queue_position"), "waiting_for": q.get("waiting_for"), "since": q.get("since")}
+    return {"position": record.get("queue_position"), "waiting_for": q.get("waiting_for"), "since": q.get("since"),
+            "holders": [b for b in q.get("busy") or [] if isinstance(b, dict)]}
 
 
 def queue_text(st: dict[str, Any]) -> str | None:
@@ -478,3 +480,36 @@ def gc_text(report: dict[str, Any], age: str | None) -> str:
     for job, why in sorted(report["kept"].items()):
         lines.append(f"left alone: {job}: {why}")
     return "\n".join(lines)
+
+
+def job_progress(run_dir: str, tail: int = 4096) -> dict[str, Any]:
+    """Rank 0's latest {"step", "max_steps", "loss" (its last finite one), "tokens_per_s"} from the end of its heartbeat
+    file (a row of a jobs list: one small read per job, whatever its size)."""
+    from orchestrator.cli.plot import series
+    from orchestrator.node.heartbeat import read_tail
+    from orchestrator.node.rundir import RunDir
+    out: dict[str, Any] = {"step": None, "max_steps": None, "loss": None, "tokens_per_s": None}
+    try:
+        recs = read_tail(RunDir(run_dir).path(RunDir.heartbeat_rel(0)), tail)
+    except OSError:
+        return out
+    for rec in recs:
+        if isinstance(rec.get("step"), int) and rec.get("event") not in ("boot", "dist"):
+            out["step"], out["max_steps"] = rec["step"], rec.get("max_steps") or out["max_steps"]
+        if isinstance(rec.get("loss"), (int, float)) and rec["loss"] == rec["loss"]:
+            out["loss"] = float(rec["loss"])
+    speed = series(recs)[1].get(0)
+    out["tokens_per_s"] = round(speed[-1][1], 1) if speed else None
+    return out
+
+
+def job_times(record: dict[str, Any], events: list[dict[str, Any]], now: float | None = None) -> dict[str, Any]:
+    """{"queue_wait_s": from submit to its first RUNNING (so far, while it has not run), "run_s": from its first RUNNING
+    to its end (so far, while it runs)} from the store's events of the job."""
+    now = time.time() if now is None else now
+    started = next((e["t"] for e in events if e["state"] == "RUNNING"), None)
+    ended = next((e["t"] for e in reversed(events) if is_terminal(e["state"])), None) \
+        if is_terminal(record["state"]) else None
+    end = ended if ended is not None else (record["updated"] if is_terminal(record["state"]) else now)
+    return {"queue_wait_s": round((started if started is not None else end) - record["created"], 1),
+            "run_s": round(end - started, 1) if started is not None else None}

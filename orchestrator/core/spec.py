@@ -500,6 +500,12 @@ def check_trainer(trainer: dict[str, Any], recipe: str, kinds: Mapping[str, str]
 TRL_COMMANDS_FALLBACK = ("sft", "dpo", "grpo", "kto", "reward", "rloo", "ppo", "nash_md", "xpo", "online_dpo", "gkd",
                          "orpo", "cpo", "bco", "prm", "env", "vllm-serve")
 TRL_NOT_TRAINING = ("env", "vllm-serve")
+# What a TRL training subcommand cannot run without, though its parser takes each as optional (its script fails on
+# every rank once started): (what, options one of which gives it). A need holds for a subcommand whose parser has
+# the first option (the installed TRL's table); a `--config` file may give them all (not read here).
+TRL_NEEDS = (("a model", ("model_name_or_path",)), ("a dataset", ("dataset_name", "datasets")),
+             ("a teacher model", ("teacher_model_name_or_path",)),
+             ("a reward", ("reward_funcs", "reward_model_name_or_path")))
 # Options of `accelerate launch` that TRL's own CLI would pass on to it: here launch: decides them.
 ACCELERATE_LAUNCH_OPTIONS = frozenset({"accelerate_config", "config_file", "num_processes", "num_machines",
                                        "machine_rank", "main_process_ip", "main_process_port", "multi_gpu",
@@ -579,6 +585,22 @@ def run_settings(run: RunSpec, kinds: Mapping[str, str] | None = None) -> dict[s
     return out
 
 
+def trl_missing(run: RunSpec, accepted: set[str]) -> list[Problem]:
+    """The TRL_NEEDS of subcommand `run.trl` (whose parser takes `accepted`) that run.args leave out, each named by the
+    option to give."""
+    given = run.options()
+    if "config" in given:
+        return []
+    out = []
+    for what, names in TRL_NEEDS:
+        if names[0] not in accepted or any(n in given for n in names):
+            continue
+        rest = [f"--{n}" for n in names[1:] if n in accepted]
+        out.append(Problem(f"run.args.{names[0]}", f"missing: trl {run.trl} needs {what}"
+                           + (f" (this or {' or '.join(rest)})" if rest else "")))
+    return out
+
+
 def check_run(run: RunSpec, kinds: Mapping[str, str] | None, trl_commands: TrlCommands | None) -> list[Problem]:
     """The `run:` block beyond single fields: one entry point, a known module name / TRL training subcommand, no
     accelerate launch options, and the options that are TrainingArguments / TRL config fields (`kinds`) checked
@@ -608,6 +630,7 @@ def check_run(run: RunSpec, kinds: Mapping[str, str] | None, trl_commands: TrlCo
             return problems
         if entry.get("options"):
             accepted = {option_name(o) for o in entry["options"]} | {"config"}
+            problems += trl_missing(run, accepted)
         config = entry.get("config")
     settings = run_settings(run, kinds)
     for name, (value, where) in run.options().items():

@@ -90,15 +90,15 @@ def values_of(text: str) -> list[str]:
     if m:
         kind, lo_s, hi_s, n_s = m.groups()
         try:
-            lo, hi, n = _number(lo_s), _number(hi_s), int(n_s)
+            a, b, n = _number(lo_s), _number(hi_s), int(n_s)
         except ValueError:
             raise ValueError(f"{text}: {kind}:LO:HI:N needs two numbers and a whole N") from None
-        if n < 2 or (kind == "log" and (lo <= 0 or hi <= 0)):
+        if n < 2 or (kind == "log" and (a <= 0 or b <= 0)):
             raise ValueError(f"{text}: {kind}:LO:HI:N needs N >= 2" + (" and LO, HI > 0" if kind == "log" else ""))
         if kind == "log":
-            vals = [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
+            vals = [a * (b / a) ** (i / (n - 1)) for i in range(n)]
         else:
-            vals = [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+            vals = [a + (b - a) * i / (n - 1) for i in range(n)]
         return [f"{v:.6g}" for v in vals]
     if re.match(r"^(log|lin):", text) or re.match(r"^-?\d+\.\.", text):
         raise ValueError(f"{text}: not a range or a spacing")

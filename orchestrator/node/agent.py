@@ -139,6 +139,10 @@ class Agent:
         self.subreaper = False  # this process is its launch's child subreaper (main; proctools.sweep_launch)
         self.watch = None  # node.rankwatch.RankWatch once watch_ranks started it: the ranks' pids it found
         self.gpu_fault = ""  # the GPU watch's fatal finding that ended this node (watch_gpus)
+        # the lease (node.lease.Held): its descriptors go to the launch (the kernel keeps the lease while any holder
+        # lives) and its files name the launch and the ranks (the next taker waits for them): a killed agent's host
+        # stays leased until the last process of its job there is gone
+        self.lease = None
 
     @property
     def emulated(self) -> bool:
@@ -398,7 +402,8 @@ class Agent:
         # handler (the recipes' save-on-signal) replaces the ignore in the ranks.
         try:
             self.proc = subprocess.Popen(argv, env=env, start_new_session=True, cwd=cwd if not container else None,
-                                         stdin=subprocess.DEVNULL, preexec_fn=_child_setup)
+                                         stdin=subprocess.DEVNULL, preexec_fn=_child_setup,
+                                         pass_fds=tuple(self.lease.fds) if self.lease is not None else ())
         except BaseException:
             self.close_relay()
             raise
@@ -410,10 +415,16 @@ class Agent:
                 container=container, runtime=cp.runtime if cp is not None else ""))
         except OSError as e:  # (a full disk) the agent still owns and tears down its launch; `--kill` from outside
             os.write(2, f"orchestrate node agent: agent record could not be written: {write_error(e)}\n".encode())
+        self.note_lease([])
         if self.stopping.is_set():  # a signal raced the start
             self.stopping.clear()
             self.stop(self.stop_reason or "stopped during start")
         return True
+
+    def note_lease(self, ranks: list[int]) -> None:
+        """The lease's files name the launch and `ranks` (pids) with their start times (node.lease.Held.note)."""
+        if self.lease is not None and self.proc is not None:
+            self.lease.note([[p, process_start_time(p)] for p in [self.proc.pid, *ranks]])
 
     def start_relay(self) -> None:
         """Per-rank output (node.ranklines): one pipe per rank of this node, each line passed on tagged `[rankG]: `."""
@@ -492,7 +503,8 @@ class Agent:
         instead of after torchrun's own poll, error report and exit. Its peers on this node are blocked on it and
         a checkpoint cannot complete without it: KILL, no grace."""
         from orchestrator.node.rankwatch import RankWatch
-        watch = RankWatch(self.token, list(self.plan.node(self.rank).ranks), self.rd.heartbeats)
+        watch = RankWatch(self.token, list(self.plan.node(self.rank).ranks), self.rd.heartbeats,
+                          found=lambda pids: self.note_lease(sorted(pids.values())))
         self.watch = watch
 
         def run() -> None:
@@ -689,6 +701,7 @@ def take_lease(request: dict):
     return take([Lock.from_list(x) for x in request["locks"]], who, str(request["host"]))
 
 
+PORT_WAIT_S = 60.0  # a main port still open after its lease's last holder ended: waited for (QUEUED) this long
 PROBE_WORDS = ("release", "retry")  # a probing agent's control lines: {"release": true}, {"retry": true}
 
 
@@ -716,7 +729,7 @@ def read_secrets_line(words: bool = False) -> "dict[str, str] | str | None":
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m orchestrator.node.agent", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir")
     ap.add_argument("--node-rank", type=int, default=None)
     ap.add_argument("--main-ip", default=None)
@@ -747,9 +760,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         emulation, bad_emulation = None, str(e)
     parent = os.getppid()  # before anything can make this process an orphan
+    if args.node_rank is not None and not (args.kill or args.diagnose or args.status):
+        RunDir(Path(args.run_dir).expanduser()).forget_attempt(args.node_rank)  # (before its pre-flight can be killed)
     os.umask(0o077)  # everything the agent and its launch create in the run dir is owner-only
     lease = None  # the host's / GPUs' lease (core.leases): held by this process until it ends
     go: dict[str, str] | None = None  # the probe's go line (its secrets), read while it waited for it
+    port_busy_since: float | None = None  # the main port found still open after the lease's last holder, since
     if args.probe is not None:
         from orchestrator.core.leases import EXIT_BUSY
         from orchestrator.node.probe import PROBE_MARK, probe_spec
@@ -761,6 +777,15 @@ def main(argv: list[str] | None = None) -> int:
             # the lease first: a host that another job leases has its main port in use by that job, which is no
             # problem of this host (it waits, QUEUED): the port is checked once this job holds the lease
             res = probe_spec(dict(spec, port=0) if busy else spec)
+            last = (lease.previous or {}).get("job") if lease is not None else None
+            if lease is not None and res.pop("port_busy", False) and last and last != spec["lease"].get("job") and \
+                    time.monotonic() - (port_busy_since := port_busy_since or time.monotonic()) < PORT_WAIT_S:
+                # the lease's last holder just ended, its port is not closed yet: still its (QUEUED), not a bad host
+                busy = {"host": spec["lease"]["host"], "lock": "port", "holder": lease.previous,
+                        "what": f"main port {spec['port']} of host {spec['lease']['host']} (still in use)"}
+                res["problems"] = [p for p in res["problems"] if not p.startswith("main port ")]
+                lease.release()
+                lease = None
             if spec.get("lease"):
                 res["busy"] = busy
             print(PROBE_MARK + json.dumps(res), flush=True)
@@ -802,6 +827,8 @@ def main(argv: list[str] | None = None) -> int:
         planned = RunDir(run_dir).read_plan()
         plan = bind_port(planned, dict(os.environ))
         rank = bind_rank(args.node_rank, dict(os.environ), plan.nodes)
+        if args.node_rank is None:  # (a rank from SLURM's environment: known only now)
+            RunDir(run_dir).forget_attempt(rank)
         main_ip = bind_main_ip(args.main_ip, plan.main_host, dict(os.environ))
     except (AgentError, OSError, ValueError, KeyError) as e:
         print(f"orchestrate node agent: {e}", file=sys.stderr)
@@ -820,6 +847,7 @@ def main(argv: list[str] | None = None) -> int:
             lease, busy = take_lease(request)
             if lease is None:
                 return agent.refuse(busy_text(busy or {}), EXIT_BUSY, "LeaseBusy")
+    agent.lease = lease
     problem = agent.node_checks() or agent.gpu_health_check() or agent.container_check() or bad_emulation
     if problem:
         return agent.refuse(problem)

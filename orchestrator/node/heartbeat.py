@@ -122,6 +122,21 @@ def read_tail(path: Path, nbytes: int) -> list[dict[str, Any]]:
     return _records(data, mid_file=size > nbytes)
 
 
+def read_since(path: Path, offset: int, overlap: int = 2048, most: int = 4 << 20) -> tuple[list[dict[str, Any]], int]:
+    """The records after byte `offset` of one heartbeat file, with those of the `overlap` bytes before it (a rate
+    between consecutive records needs the one before), at most `most` bytes; and where the complete lines read end
+    (the next call's `offset`); nothing when no complete line came since. What a live view reads each time it looks
+    again. OSError when it cannot be read."""
+    start = max(0, offset - overlap)
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(offset - start + most)
+    cut = data.rfind(b"\n") + 1
+    if start + cut <= offset:  # nothing complete came since
+        return [], offset
+    return _records(data[:cut], mid_file=start > 0), start + cut
+
+
 def _records(data: bytes, mid_file: bool) -> list[dict[str, Any]]:
     """The records of a slice of a heartbeat file: its unfinished last line left out, and its first too when the slice
     starts mid-file (a partial line). One parse for the lot, line by line only if one is bad."""

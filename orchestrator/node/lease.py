@@ -1,8 +1,10 @@
 """The host side of leases (orchestrator.core.leases says which locks and why): flock on files every user can use.
 
 `take(locks, holder)` takes every lock without waiting (a lock held for a moment by someone looking is tried again
-for up to TRY_S) and returns a `Held` (keep it: the locks live as long as its descriptors, i.e. the agent process; the
-kernel drops them when it dies, however it dies) or the first busy lock `{"host", "lock", "what", "holder"}`.
+for up to TRY_S) and returns a `Held` (keep it: the locks live as long as its descriptors; the kernel drops them when
+the last process holding one ends, however it ends: the node agent passes them to its launch, so a job's lease
+outlives a killed agent until its launch and ranks are gone) or the first busy lock `{"host", "lock", "what",
+"holder"}`.
 `held(locks)` says the same without keeping anything (the local launcher's look before it starts agents).
 
 The directory is created mode 1777 (sticky, world-writable, like /tmp) and each lock file 0666 (whatever the umask),
@@ -77,6 +79,22 @@ class Held:
     """Locks this process holds (one descriptor each); `release` drops them (the kernel does when the process ends)."""
 
     fds: list[int] = field(default_factory=list)
+    previous: dict[str, Any] | None = None  # who held the first exclusive lock last (its file's holder before ours)
+    holder: dict[str, Any] | None = None  # what the files held exclusive say (`note` adds the job's processes)
+    named: list[tuple[int, str]] = field(default_factory=list)  # (fd, lock name) of each lock held exclusive
+
+    def note(self, procs: list[tuple[int, float | None]]) -> None:
+        """Name the job's processes on this host (pid, start time) in each file held exclusive: whoever takes the lock
+        next waits until they are gone (`outlived`), however this holder ended and whatever order they die in."""
+        if self.holder is None:
+            return
+        for fd, name in self.named:
+            data = (json.dumps(dict(self.holder, lock=name, procs=procs), sort_keys=True) + "\n").encode()
+            try:
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
+            except OSError:
+                pass
 
     def release(self) -> None:
         for fd in self.fds:
@@ -119,7 +137,7 @@ def take(locks: list[Lock], holder: dict[str, Any] | None, host: str,
     _ensure_dir(d)
     deadline = time.monotonic() + try_s
     while True:
-        held, busy = Held(), None
+        held, busy, last = Held(holder=holder), None, None
         for lk in locks:
             fd = _open(os.path.join(d, lk.name))
             if not _try(fd, lk.exclusive):
@@ -127,16 +145,30 @@ def take(locks: list[Lock], holder: dict[str, Any] | None, host: str,
                 busy = lk
                 break
             held.fds.append(fd)
-            if lk.exclusive and holder is not None:  # the holder's name in the file it holds alone
-                data = (json.dumps(dict(holder, lock=lk.name), sort_keys=True) + "\n").encode()
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, data, 0)
+            if lk.exclusive:
+                held.named.append((fd, lk.name))
+                before = _read(os.path.join(d, lk.name))
+                held.previous = held.previous or before
+                if outlived(before):  # its holder is gone, a process of its job is not: still its lease
+                    busy, last = lk, before
+                    break
         if busy is None:
+            if holder is not None:  # the holder's name in each file it holds alone
+                held.note([])
             return held, None
         held.release()
         if time.monotonic() >= deadline:
-            return None, {"host": host, "lock": busy.name, "what": busy.what, "holder": holder_of(d, busy, host)}
+            return None, {"host": host, "lock": busy.name, "what": busy.what,
+                          "holder": last or holder_of(d, busy, host)}
         time.sleep(0.1)
+
+
+def outlived(holder: dict[str, Any] | None) -> bool:
+    """Whether a process its last holder named (Held.note) still runs: the lock is free, the job is not gone yet."""
+    from orchestrator.node.proctools import same_process
+    procs = (holder or {}).get("procs") or []
+    return any(isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and same_process(p[0], p[1])
+               for p in procs)
 
 
 def leased_gpus(host: str) -> tuple[int, ...]:

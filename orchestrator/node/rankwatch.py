@@ -90,7 +90,9 @@ def exit_record(heartbeat_dir: Path, rank: int, pid: int) -> tuple[bool, int | N
 
 
 class RankWatch:
-    def __init__(self, token: str, ranks: list[int], heartbeat_dir: Path, scan_every: float = 0.2):
+    def __init__(self, token: str, ranks: list[int], heartbeat_dir: Path, scan_every: float = 0.2,
+                 found: Callable[[dict[int, int]], None] | None = None):
+        self.found = found  # called with `pids` whenever a scan found more of them (the agent's lease names them)
         self.token = token
         self.ranks = set(ranks)
         self.heartbeat_dir = Path(heartbeat_dir)
@@ -126,6 +128,7 @@ class RankWatch:
         try:
             while not stopped():
                 if len(seen) < len(self.ranks):
+                    before = len(seen)
                     for g, pid in marked_ranks(self.token).items():
                         if g in self.ranks and g not in seen:
                             seen.add(g)
@@ -136,6 +139,8 @@ class RankWatch:
                                 death = self._classify(g, pid)
                                 if death:
                                     return death
+                    if len(seen) > before and self.found is not None:
+                        self.found(dict(self.pids))
                 elif not fds:
                     return None
                 ready, _, _ = select.select(list(fds), [], [], self.scan_every)

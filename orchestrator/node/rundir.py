@@ -303,6 +303,16 @@ class RunDir:
     def gpu_watch(self, rank: int) -> GpuWatchRecord | None:
         return _from(GpuWatchRecord, self._json(self.node_rel(rank, "gpu_watch.json")))
 
+    def forget_attempt(self, rank: int) -> None:
+        """Drop node `rank`'s agent and exit records of an earlier attempt (records are per attempt): a new agent does
+        this first, so one that dies before writing its own leaves nothing that speaks for it (the submitter, whose
+        run dir may not be the node's, drops its own copies too)."""
+        for path in (self.exit_file(rank), self.agent_file(rank)):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass
+
     def reserve_exit(self, rank: int) -> None:
         """Keep room for node `rank`'s exit record (RESERVE_BYTES in nodes/<R>/.exit.reserve): a filesystem that
         fills up while the job runs (a full ORCHESTRATE_HOME) still takes the record at the end. Best effort."""

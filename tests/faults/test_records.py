@@ -134,3 +134,28 @@ def test_with_no_room_left_the_agents_print_their_exit_records_and_the_store_is_
     assert sub.text.count("exit record could not be written") >= 2, sub.text[-3000:]  # each agent said so, once
     assert "ORCHESTRATE_EXIT" not in sub.text, "the printed record is read, not shown as output"
     assert all(rd.exit(r) is None for r in (0, 1))  # no file: the records reached the supervisor as lines
+
+
+def test_an_agent_killed_before_its_launch_leaves_no_earlier_attempts_records_behind(tmp_path):
+    """Records are per attempt: a restarted node's agent that dies before it starts anything (SIGKILL while it waits
+    in its pre-flight, as a QUEUED or starting SSH job's agents do) must not leave the previous attempt's exit.json and
+    agent.json in its run dir, where the supervisor would read them as this attempt's (a rank pid killed long before,
+    a crash instead of a lost host, the previous attempt's agent pid and pgid)."""
+    import json
+    import subprocess
+    import sys
+    from orchestrator.node.rundir import AgentRecord, ExitRecord
+    rd = RunDir(tmp_path / "run")
+    rd.write_agent(AgentRecord(node_rank=1, host="h", agent_pid=4242, pgid=4243))
+    rd.write_exit(1, ExitRecord(returncode=137, rank_death="rank 1 (pid 4244) died of SIGKILL (exit -9)"))
+    rd.write_exit(0, ExitRecord(returncode=0))  # another node's record is not this agent's to drop
+    p = subprocess.Popen([sys.executable, "-m", "orchestrator.node", str(rd.root), "--node-rank", "1", "--probe",
+                          json.dumps({"workdir": str(tmp_path / "wd")})], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().startswith("ORCHESTRATE_PROBE "), "the agent's pre-flight answer"
+    finally:
+        p.kill()
+        p.wait()
+    assert rd.exit(1) is None and rd.agent(1) is None, (rd.exit(1), rd.agent(1))
+    assert rd.exit(0) is not None

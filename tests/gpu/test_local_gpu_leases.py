@@ -132,3 +132,45 @@ def test_jobs_of_one_store_run_through_the_queue_back_to_back(fake_local_gpus, t
     assert len(gaps) == 2 and min(gaps) > 0, gaps  # one at a time
     assert max(gaps) < 2.0, gaps  # QUEUE_POLL_S (3 s) plus a try would be 3-5 s
     print(f"idle gaps between the queued jobs: {gaps} s")
+
+
+def test_a_queued_sweep_point_ends_at_once_with_its_sigkilled_runner(fake_local_gpus, tmp_path, job_guard):
+    """A point QUEUED behind another user's job writes nothing: it must still see its runner's death at once (its
+    output pipe's reader gone), end CANCELLED with nothing started, and never launch after the sweep is dead."""
+    from orchestrator.store import JobStore
+    fake_local_gpus(2)
+    env = {**os.environ, **OFFLINE_ENV, "ORCHESTRATE_LEASE_DIR": str(tmp_path / "leases"),
+           "ORCHESTRATE_HOME": str(tmp_path / "h")}
+    job_guard.home(tmp_path / "h")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                              env=dict(env, PYTHONPATH=str(REPO)))
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        job = tmp_path / "point.yaml"  # (a sweep's points need an output dir each: run.args as a mapping)
+        job.write_text(yaml.safe_dump({"run": {"script": str(REPO / "tests" / "faults" / "exit_after_work.py"),
+                                               "args": {"output_dir": str(tmp_path / "out")}},
+                                       "launch": {"nodes": 1, "procs_per_node": 1, "gpus": [0]}}))
+        runner = job_guard.spawn([PYTHON, "-m", "orchestrator.cli", "submit", str(job),
+                                  "--sweep", "health.poll_interval=1,2", "--max-parallel", "2"], env=env, cwd=REPO,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = read_until(runner, "QUEUED")
+        lines += read_until(runner, "QUEUED")  # both points wait for GPU 0
+        points = [ln.split(" as job ")[1].split()[0] for ln in lines if " as job " in ln]
+        assert len(points) == 2 and sum("QUEUED" in ln for ln in lines) == 2, "".join(lines)
+        t0 = time.monotonic()
+        runner.kill()
+        runner.wait()
+        store = JobStore(tmp_path / "h" / "jobs.db")
+        while time.monotonic() - t0 < 15 and not all(store.get(j).state == "CANCELLED" for j in points):
+            time.sleep(0.1)
+        took = time.monotonic() - t0
+        recs = [store.get(j) for j in points]
+        ends = [(r.state, r.root_cause) for r in recs]
+        assert [r.state for r in recs] == ["CANCELLED"] * 2 and took < 8, (took, ends)
+        assert all("output went away" in r.root_cause for r in recs), [r.root_cause for r in recs]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    time.sleep(2)  # the GPU is free now: nothing of the dead sweep starts on it
+    assert not any((tmp_path / "h" / "runs" / j / "nodes" / "0" / "agent.json").exists() for j in points)
+    print(f"both QUEUED points CANCELLED {took:.2f} s after SIGKILL of their sweep's runner")

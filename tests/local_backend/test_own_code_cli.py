@@ -51,14 +51,16 @@ def test_own_trainer_script_on_two_local_nodes(tmp_path, tiny_model, job_guard):
         assert any(x["event"] == "step" and x["rank"] == r for x in lines), lines[-5:]
 
 
-def test_a_trainer_that_would_train_alone_is_refused(tmp_path, tiny_model, job_guard):
-    """2 nodes, a Trainer script whose TrainingArguments are not distributed (on CPU without use_cpu): each rank would
-    train alone on all the data (transformers only warns). The zero-code hook fails the rank instead, naming why."""
+def test_a_trainer_without_use_cpu_on_a_cpu_cluster_is_still_one_distributed_run(tmp_path, tiny_model, job_guard):
+    """2 nodes, a Trainer script told use_cpu=false on a CPU cluster: transformers alone would leave each rank
+    training alone on all the data (it only warns). The ranks are told ACCELERATE_USE_CPU=true at start-up
+    (hooks/orchestrate_world.py), which TrainingArguments reads: the run is distributed. Were it not, the hooks'
+    Trainer check would fail every rank with `TrainsAlone: this rank's Trainer is not distributed`."""
     rc, text = submit("examples/own_code/my_job.yaml", f"run.args.model_name_or_path={tiny_model}",
                       f"run.args.output_dir={tmp_path / 'out'}", "run.args.max_steps=6", "run.args.use_cpu=false")
-    assert rc == 1, text[-4000:]
-    assert "TrainsAlone: this rank's Trainer is not distributed (TrainingArguments.world_size 1, WORLD_SIZE 2)" in text
-    assert "on a CPU cluster pass use_cpu=True" in text, text[-3000:]
+    assert rc == 0 and "TrainsAlone" not in text, text[-4000:]
+    result = re.search(r"^\[localhost node0 rank0\] TRAIN_RESULT (\{.*\})$", text, re.MULTILINE)
+    assert result and json.loads(result.group(1))["global_step"] == 6, text[-3000:]
 
 
 def test_trl_sft_subcommand_on_two_local_nodes(tmp_path, tiny_model, job_guard):

@@ -119,27 +119,29 @@ def test_cancel_of_a_sweep_stops_the_running_points_and_starts_no_more(tmp_path,
     home = job_guard.home(tmp_path / "home")
     env = {**OFFLINE_ENV, "ORCHESTRATE_HOME": str(home), "OMP_NUM_THREADS": "1"}
     runner = subprocess.Popen([PYTHON, "-m", "orchestrator.cli", "submit", str(SFT), "--nodes", "2", "--sweep",
-                               "trainer.seed=1,2,3", "--max-parallel", "1", "--quiet", "trainer.max_steps=100000",
+                               "trainer.seed=1,2,3", "--max-parallel", "2", "--quiet", "trainer.max_steps=100000",
                                f"trainer.output_dir={tmp_path / 'out'}"], cwd=REPO, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     job_guard.proc(runner)
-    seen, sid = "", None
+    seen, sid, training = "", None, set()
     deadline = time.monotonic() + 300
     assert runner.stdout is not None
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and len(training) < 2:
         line = runner.stdout.readline()
         seen += line
         sid = sid or (re.search(r"^sweep (sweep-\S+): \d+ point", line) or [None, None])[1]
-        if "progress: step" in line:  # p0 trains
-            break
-    assert sid, seen[-3000:]
+        if "progress: step" in line:  # p0 and p1 train
+            training.add(line.split()[0])
+    assert sid and len(training) == 2, seen[-3000:]
     c = cli("cancel", sid, env={"ORCHESTRATE_HOME": home}, timeout=120)
     assert c.returncode == 0 and f"job {sid}-p0 CANCELLED" in c.stdout, c.stdout + c.stderr
-    assert f"job {sid}-p1 NOT STARTED" in c.stdout and f"job {sid}-p2 NOT STARTED" in c.stdout, c.stdout
+    assert f"job {sid}-p1 CANCELLED" in c.stdout and f"job {sid}-p2 NOT STARTED" in c.stdout, c.stdout
     rest, _ = runner.communicate(timeout=120)
     assert runner.returncode == 130, (seen + rest)[-3000:]
     table = {r["point"]: r["state"] for r in json.loads(cli("sweep", sid, "--json", env=env).stdout)["points"]}
-    assert table == {"p0": "CANCELLED", "p1": "NOT STARTED", "p2": "NOT STARTED"}, table
+    assert table == {"p0": "CANCELLED", "p1": "CANCELLED", "p2": "NOT STARTED"}, table
+    causes = {json.loads(cli("status", f"{sid}-p{i}", "--json", env=env).stdout)["root_cause"] for i in (0, 1)}
+    assert causes == {f"sweep {sid} was cancelled: by the user (orchestrate cancel {sid})"}, causes  # one, the sweep's
 
 
 def test_a_detached_sweep_from_the_job_files_sweep_block_runs_on_and_attach_follows_it(tmp_path, job_guard):

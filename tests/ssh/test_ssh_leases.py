@@ -4,7 +4,8 @@ node agent's flock), so it ends with its holder.
 
 - Job A on hosts [a, b] and job B on [b, c], started at the same time: both COMPLETED; per host, the agents' intervals
   (agent.json `started` .. exit.json `time`) never overlap; the one that waited said QUEUED, naming the holder.
-- SIGKILL of the holder's agent on the shared host: the waiting job's agent starts within seconds.
+- SIGKILL of the holder's agent on the shared host: the waiting job's agent starts within seconds of the last
+  process of the holder's job there (its ranks save for SAVE_S on the way out), never beside them.
 - `submit --no-wait` while the host is held: exit 75 at once, one line naming the host, the lease and the holder job.
 """
 
@@ -20,7 +21,8 @@ from pathlib import Path
 import yaml
 
 from helpers import OFFLINE_ENV, PYTHON, cli, looping_job, read_looping_ranks, read_until, wait_until
-from ssh_helpers import REPO, agent_info, remote_run_dir
+from orchestrator.node.proctools import alive
+from ssh_helpers import REPO, agent_info, live_members, remote_run_dir
 
 EXIT_BUSY = 75
 
@@ -108,7 +110,7 @@ def test_two_stores_on_overlapping_hosts_never_double_book(testbed, tmp_path, jo
 def test_sigkill_of_the_holders_agent_frees_the_host_within_seconds(testbed, tmp_path, job_guard):
     a, b, c = testbed.hosts[:3]
     home_a, home_b = job_guard.home(tmp_path / "homeA"), job_guard.home(tmp_path / "homeB")
-    holder = _spawn_submit(job_guard, home_a, _looping(tmp_path), _cluster(testbed, tmp_path, "poolA", [a, b]))
+    holder = _spawn_submit(job_guard, home_a, _saving(tmp_path), _cluster(testbed, tmp_path, "poolA", [a, b]))
     job_a, _ = read_looping_ranks(holder, 2)
     job_guard.run_dir(*(remote_run_dir(testbed, h, job_a) for h in (a, b)))
     agent_b = agent_info(testbed, b, job_a, 1)
@@ -120,15 +122,43 @@ def test_sigkill_of_the_holders_agent_frees_the_host_within_seconds(testbed, tmp
     assert any(job_b[:44] in ln and "QUEUED #1" in ln for ln in ls.splitlines()), ls
     st = cli("status", job_b, env={"ORCHESTRATE_HOME": home_b}).stdout
     assert "state    QUEUED" in st and f"waiting: host {b} is leased by job {job_a}" in st, st
+    procs_b = [p for p in live_members([agent_b["token"], agent_b["pgid"]]) if p != agent_b["agent_pid"]]
+    assert procs_b, agent_b  # the holder's launch and ranks on b
     killed = time.time()
     os.kill(agent_b["agent_pid"], signal.SIGKILL)
+    last_seen = killed  # the latest time one of the holder's processes on b was seen alive (a look's start)
+    while time.time() - killed < 20 and not _started(testbed, b, job_b):
+        look = time.time()
+        if any(alive(p) for p in procs_b):
+            last_seen = look
+        time.sleep(0.01)
     started = wait_until(lambda: _started(testbed, b, job_b), 20, 0.1, f"job {job_b}'s agent on {b}")
-    assert started - killed < 8, f"the waiting job started {started - killed:.1f} s after the holder's agent died"
+    if any(alive(p) for p in procs_b):
+        last_seen = time.time()
+    # the lease lives as long as the last process of the holder's job on b, not its agent alone
+    assert started >= last_seen, f"job {job_b} started on {b} {last_seen - started:.2f} s before the holder's launch " \
+                                 f"and ranks there were gone"
+    assert started - killed < 8 + SAVE_S, f"the waiting job started {started - killed:.1f} s after the agent died"
     out = "".join(lines) + waiter.communicate(timeout=90)[0]
     assert waiter.returncode == 0 and "COMPLETED" in out, out[-3000:]
     holder.send_signal(signal.SIGINT)  # job A lost its node on b: it ends (failed or cancelled), nothing left
     holder.communicate(timeout=60)
     print(f"waiting job started {started - killed:.2f} s after SIGKILL of the holder's agent")
+
+
+def _saving(tmp_path: Path) -> Path:
+    """looping_job's ranks, which take SAVE_S to end on SIGTERM (a checkpoint saved on the way out)."""
+    d = tmp_path / "saving"
+    d.mkdir(exist_ok=True)
+    job = looping_job(d)
+    script = d / "loop.py"
+    script.write_text("import signal, sys, time\n"
+                      f"signal.signal(signal.SIGTERM, lambda *_: (time.sleep({SAVE_S}), sys.exit(143)))\n"
+                      + script.read_text())
+    return job
+
+
+SAVE_S = 4.0  # longer than a QUEUED job's look (api.QUEUE_POLL_S): a lease dropped early is seen
 
 
 def _started(testbed, host: str, job: str) -> float | None:

@@ -55,6 +55,8 @@ def test_a_host_that_crashes_every_attempt_is_replaced_by_the_spare(testbed, tmp
     run_dir = home / "runs" / job
     plan = json.loads((run_dir / "plan.json").read_text())
     assert [n["host"] for n in plan["node_plans"]] == [a, c], plan["node_plans"]  # the spare took b's place
+    after = p.stdout.split("restart 2/", 1)[1]  # the live output labels node 1 with the host that runs it now
+    assert f"[{c} node1 rank1]" in after and f"[{b} node1" not in after, after[-3000:]
     attempts = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
     assert [(x["decision"], x["host"], x["kind"], x["exclude"]) for x in attempts] == [
         ("restart", b, "crash", ""), ("restart", b, "crash", b)], attempts
@@ -117,3 +119,22 @@ def test_a_straggler_host_is_replaced_by_the_spare_with_restart_without(testbed,
     st = json.loads(cli("status", run_dir.name, "--json", env={"ORCHESTRATE_HOME": home}).stdout)
     assert st["state"] == "COMPLETED" and list(st["excluded"]) == [b], st
     assert [(s["host"], s["action"], s["attempt"]) for s in st["stragglers"]] == [(b, "restart_without", 0)], st
+
+
+def test_a_refused_job_is_recorded_as_the_submit_says_it(testbed, tmp_path, job_guard):
+    """Both hosts fail the pre-flight the same way (the cluster's python is missing: the job's problem, not a host's):
+    no spare is named, and the store keeps the very error the submit printed (the same problems, the same count) and
+    its exit code 2, not FAILED with no exit code."""
+    a, b = testbed.hosts[:2]
+    home, args = _sft(testbed, tmp_path, [a, b])
+    doc = yaml.safe_load(args[5].read_text())
+    doc["ssh"]["python"] = "/nonexistent/python3"
+    args[5].write_text(yaml.safe_dump(doc))
+    job_guard.home(home)
+    p = cli(*args, env={"ORCHESTRATE_HOME": home}, cwd=REPO, timeout=300)
+    assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-2000:]
+    error = p.stderr.split("orchestrate: error:", 1)[1].strip()
+    assert "spare" not in p.stderr and "2 problems" in error, p.stderr
+    rec = json.loads(cli("ls", "--json", env={"ORCHESTRATE_HOME": home}).stdout)[0]
+    assert rec["state"] == "FAILED" and rec["exit_code"] == 2, rec
+    assert rec["root_cause"] == error[:500], (error, rec["root_cause"])

@@ -52,8 +52,8 @@ def test_import_contracts_kept():
     ("orchestrator/newmodule.py", "import os", "orchestrator layers"),   # exhaustive: every module has a layer
     ("launchers/local.py", "from orchestrator import supervise", "launchers report events"),
     ("launchers/ssh/job.py", "from orchestrator.supervise import judge", "launchers report events"),
-    ("orchestrator/supervise.py", "from launchers import local", "cli > client > gc/sweep > records > running"),
-    ("orchestrator/node/agent.py", "import launchers", "cli > client > gc/sweep > records > running"),
+    ("orchestrator/supervise.py", "from launchers import local", "web > cli > client > gc/sweep > records > running"),
+    ("orchestrator/node/agent.py", "import launchers", "web > cli > client > gc/sweep > records > running"),
     ("orchestrator/events.py", "from orchestrator import supervise", "orchestrator layers"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):

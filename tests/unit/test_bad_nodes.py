@@ -147,3 +147,18 @@ def test_no_host_rules_where_hosts_cannot_be_replaced_and_the_old_rules_hold():
 def test_no_nvidia_smi_to_ask_is_no_finding_but_a_failing_one_is():
     assert judge_gpus("h", {"gpus": [], "error": "nvidia-smi not found", "missing": True}) == []
     assert judge_gpus("h", {"gpus": [], "error": "nvidia-smi exited 9"})[0].field == "nvidia-smi"
+
+
+def test_no_spare_is_named_where_spares_are_not_the_question():
+    """Restarts off: the agent's host was lost, but no restart was to come anyway (not 'no spare host is left'); a
+    pre-flight problem that a spare cannot fix (the job's main port taken, the same missing image on two hosts) names
+    no spare either, one that only a host has does."""
+    from orchestrator.supervise import spares_matter
+    d = RestartPolicy(0).decide([], 10, culprit_host="b", culprit_kind="lost", spares=0)
+    assert not d.restart and d.why == "restarts are off (health.max_restarts=0)", d.why
+    d = RestartPolicy(1).decide([attempt(0)], 10, culprit_host="b", culprit_kind="lost", spares=0)
+    assert not d.restart and "budget spent" in d.why and "spare" not in d.why, d.why
+    assert not spares_matter({"a": "a: main port 29500 is in use on the main node (Address already in use)"})
+    assert not spares_matter({"h1": "image x:1 not found on h1", "h2": "image x:1 not found on h2"})
+    assert spares_matter({"h2": "h2: remote python /usr/bin/python3 cannot import accelerate"})
+    assert spares_matter({"h1": "image x:1 not found on h1", "h2": "unreachable: timed out"})

@@ -25,7 +25,7 @@ def test_help_is_fast_and_imports_nothing_heavy():
     code = ("import sys, time; t = time.perf_counter(); from orchestrator.cli.main import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "heavy = [m for m in ('torch', 'transformers', 'trl', 'deepspeed', 'paramiko', 'submitit', 'accelerate', "
-            "'omegaconf', 'rich') if m in sys.modules]\n"
+            "'omegaconf', 'rich', 'starlette', 'uvicorn') if m in sys.modules]\n"
             "print('HEAVY', heavy, file=sys.stderr)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert "HEAVY []" in out.stderr, out.stderr

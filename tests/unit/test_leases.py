@@ -222,3 +222,67 @@ def test_a_job_queued_behind_a_live_job_of_its_own_store_waits_for_its_end_not_t
     finally:
         sup.kill()
         sup.wait()
+
+
+HOLD_WITH_CHILD = """
+import json, subprocess, sys, time
+from orchestrator.core.leases import Lock
+from orchestrator.node.lease import take
+from orchestrator.node.proctools import process_start_time
+held, busy = take([Lock.from_list(x) for x in json.loads(sys.argv[1])], {"job": sys.argv[2]}, "h")
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+held.note([[child.pid, process_start_time(child.pid)]])  # as the agent names its launch and ranks
+print(json.dumps({"child": child.pid}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_lease_lives_on_while_a_process_its_holder_named_lives(lease_dir):
+    """A killed agent's launch and ranks live on for a while (saving, torchrun stopping them): the next taker finds
+    the lock free but the host still in use, and waits (busy, naming the last holder) until the last of them is gone."""
+    from orchestrator.node.lease import take
+    locks = node_locks("h", None)
+    p = subprocess.Popen([sys.executable, "-c", HOLD_WITH_CHILD, json.dumps([lk.to_list() for lk in locks]), "j-old"],
+                         stdout=subprocess.PIPE, text=True, cwd=REPO,
+                         env=dict(os.environ, ORCHESTRATE_LEASE_DIR=str(lease_dir), PYTHONPATH=str(REPO)))
+    child = json.loads(p.stdout.readline())["child"]
+    try:
+        p.send_signal(signal.SIGKILL)  # the holder dies; the process it named does not
+        p.wait()
+        got, busy = take(list(locks), {"job": "j-new"}, "h", try_s=0.2)
+        assert got is None and busy["holder"]["job"] == "j-old", busy
+        assert json.loads((lease_dir / "host-h.lock").read_text())["job"] == "j-old"  # a look overwrites nothing
+    finally:
+        os.kill(child, signal.SIGKILL)
+    wait = time.monotonic()
+    got, busy = None, None
+    while got is None and time.monotonic() - wait < 5:
+        got, busy = take(list(locks), {"job": "j-new"}, "h", try_s=0.1)
+    assert got is not None, busy
+    assert json.loads((lease_dir / "host-h.lock").read_text())["job"] == "j-new"
+    got.release()
+
+
+def test_a_probe_finding_the_main_port_of_the_last_holder_still_open_waits(lease_dir, tmp_path):
+    """The lease just came free but its last holder's rendezvous port is not closed yet: the probing agent reports
+    the host busy (the job stays QUEUED), not a broken host ("main port ... is in use")."""
+    import socket
+    lease_dir.mkdir(mode=0o1777)
+    (lease_dir / "host-h.lock").write_text(json.dumps(holder("j-old", "bob@elsewhere", 1, time.time(), "x")) + "\n")
+    s = socket.socket()
+    s.bind(("", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    spec = {"workdir": str(tmp_path / "wd"), "port": port,
+            "lease": {"host": "h", "locks": [lk.to_list() for lk in node_locks("h", None)], "job": "j-new"}}
+    try:
+        p = subprocess.run([sys.executable, "-m", "orchestrator.node", str(tmp_path / "run"), "--probe",
+                            json.dumps(spec)], stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=REPO,
+                           env=dict(os.environ, ORCHESTRATE_LEASE_DIR=str(lease_dir), PYTHONPATH=str(REPO)),
+                           timeout=60)
+    finally:
+        s.close()
+    res = json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("ORCHESTRATE_PROBE "))
+                     .split(" ", 1)[1])
+    assert res["problems"] == [] and p.returncode == EXIT_BUSY, (res, p.stderr)
+    assert busy_text(res["busy"]).startswith(f"main port {port} of host h (still in use) is leased by job j-old"), res

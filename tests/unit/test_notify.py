@@ -169,6 +169,25 @@ def test_webhook_gets_the_json_of_each_subscribed_event_in_order(tmp_path, hook)
     assert log.count("ok (HTTP 200") == 2 and TOKEN not in log, log
 
 
+def test_every_event_carries_one_line_of_text_that_chat_webhooks_show(tmp_path, hook):
+    """Slack's and Teams' incoming webhooks show a JSON body's `text`, Discord's its `content`: the event in one line,
+    besides the job's fields (a root cause of several lines becomes one)."""
+    n = _notifier(tmp_path, on=("started", "restarted", "failed", "completed"), webhook=hook.url)
+    n.started("local://j-1")
+    n.beat({"step": 7, "max_steps": 10, "loss": 1.25})
+    n.send("restarted", state="RESTARTING", reason="node 0 died", attempt=1, restarts=1)
+    n.finished(JobResult(JobState.FAILED, 3, "node 1 (h2) failed: rank 1 exited with code 3\n  ValueError: bad",
+                         max_step=7))
+    n.close()
+    assert [p["json"]["text"] for p in hook.posts] == [
+        "orchestrate: job j-1 started (local, 1 node)",
+        "orchestrate: job j-1 restarting (local, 1 node), attempt 1, at step 7/10, loss 1.25: node 0 died",
+        "orchestrate: job j-1 FAILED (local, 1 node) at step 7/10, loss 1.25: node 1 (h2) failed: rank 1 exited with "
+        "code 3 ValueError: bad"]
+    assert all(p["json"]["content"] == p["json"]["text"] for p in hook.posts)
+    assert hook.posts[-1]["json"]["root_cause"].count("\n") == 1  # the job's fields as they were
+
+
 def test_what_a_subscription_covers_and_the_end_event_of_a_result():
     spec = NotifySpec(on=("failed", "restarted"), command=("x",))
     assert spec.wants("failed") and spec.wants("hung") and spec.wants("restarted") and spec.wants("preempted")

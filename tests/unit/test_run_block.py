@@ -41,6 +41,9 @@ DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, 
             "use_cpu": False, "pad_to_multiple_of": None}
 
 
+NEEDS = {"model_name_or_path": "m", "dataset_name": "d"}  # what a trl sft job cannot run without (spec.TRL_NEEDS)
+
+
 def job(run: dict, **rest) -> RunJobSpec:
     return parse_job({"run": run, **rest}, source="my_job.yaml", trainer_fields=lambda key: KINDS,
                      trl_commands=lambda: TABLE)
@@ -85,7 +88,8 @@ def test_list_args_stay_words_in_order_and_mapping_args_become_options():
     assert m.run.argv() == ("--learning_rate", "2e-5", "--bf16", "false", "--use_cpu", "true",
                             "--report_to", "wandb", "tensorboard", "--raw", "1")
     assert run_settings(m.run)["learning_rate"] == 2e-5 and run_settings(m.run)["bf16"] is False
-    assert job({"trl": "sft"}).run.args == () and job({"trl": "sft", "args": None}).run.argv() == ()
+    assert job({"trl": "sft", "args": {"config": "c.yaml"}}).run.argv() == ("--config", "c.yaml")
+    assert job({"script": "a.py"}).run.args == () and job({"script": "a.py", "args": None}).run.argv() == ()
 
 
 def test_a_recipe_file_is_still_a_recipe():
@@ -97,9 +101,10 @@ def test_a_recipe_file_is_still_a_recipe():
 
 
 def test_resolved_job_round_trips_through_its_yaml():
-    s = job({"trl": "sft", "args": {"learning_rate": 1e-4, "report_to": ["a", "b"]}}, launch={"nodes": 2})
+    s = job({"trl": "sft", "args": {**NEEDS, "learning_rate": 1e-4, "report_to": ["a", "b"]}}, launch={"nodes": 2})
     d = s.to_dict()
-    assert d["run"] == {"trl": "sft", "args": {"learning_rate": 1e-4, "report_to": ["a", "b"]}} and "source" not in d
+    assert d["run"] == {"trl": "sft", "args": {**NEEDS, "learning_rate": 1e-4, "report_to": ["a", "b"]}}
+    assert "source" not in d
     assert job(**yaml.safe_load(yaml.safe_dump(d))) == s
 
 
@@ -130,16 +135,37 @@ def test_resolved_job_round_trips_through_its_yaml():
     ({"script": "a.py", "args": {"learning_rate": "fast"}}, {}, "run.args.learning_rate",
      "must be a number, got 'fast'"),
     ({"script": "a.py", "args": ["--seed"]}, {}, "run.args[0]", "needs a value"),
-    ({"trl": "sft", "args": {"learning_rat": 1}}, {}, "run.args.learning_rat",
+    ({"trl": "sft", "args": {**NEEDS, "learning_rat": 1}}, {}, "run.args.learning_rat",
      "not an option of trl sft (did you mean 'learning_rate'?)"),
-    ({"trl": "sft", "args": {"num_processes": 2}}, {}, "run.args.num_processes",
+    ({"trl": "sft", "args": {**NEEDS, "num_processes": 2}}, {}, "run.args.num_processes",
      "--num_processes is an `accelerate launch` option: orchestrate sets the launch from launch: (profile, nodes, "
      "procs_per_node, mixed_precision)"),
-    ({"trl": "sft", "args": {"hub_token": "hf_x"}}, {}, "run.args.hub_token",
+    ({"trl": "sft", "args": {**NEEDS, "hub_token": "hf_x"}}, {}, "run.args.hub_token",
      "looks like a secret: pass it by launch.secret_env"),
 ])
 def test_bad_run_blocks_are_named_by_key(run, rest, where, message):
     assert bad(run, **rest) == {where: message}
+
+
+def test_a_trl_subcommand_without_what_it_needs_is_refused_naming_it():
+    """TRL's scripts take model and dataset as optional options and fail on every rank once started without them:
+    refused here, each by the option to give (the table's options say which the subcommand has)."""
+    assert bad({"trl": "sft"}) == {"run.args.model_name_or_path": "missing: trl sft needs a model",
+                                   "run.args.dataset_name": "missing: trl sft needs a dataset"}
+    assert bad({"trl": "sft", "args": ["--model_name_or_path", "m"]}) == {
+        "run.args.dataset_name": "missing: trl sft needs a dataset"}
+    table = {"grpo": {"module": "trl.scripts.grpo", "config": "GRPOConfig", "training": True,
+                      "options": ["--model_name_or_path", "--dataset_name", "--datasets", "--reward_funcs",
+                                  "--reward_model_name_or_path"]}}
+    with pytest.raises(ConfigError) as e:
+        parse_job({"run": {"trl": "grpo", "args": {"model_name_or_path": "m"}}}, trl_commands=lambda: table)
+    assert problems(e.value) == {"run.args.dataset_name": "missing: trl grpo needs a dataset (this or --datasets)",
+                                 "run.args.reward_funcs": "missing: trl grpo needs a reward (this or "
+                                                          "--reward_model_name_or_path)"}
+    given = {"model_name_or_path": "m", "datasets": "d", "reward_model_name_or_path": "r"}
+    assert parse_job({"run": {"trl": "grpo", "args": given}}, trl_commands=lambda: table).run.trl == "grpo"
+    # a TrlParser --config file may hold them: not read here, not refused
+    assert job({"trl": "sft", "args": {"config": "sft.yaml"}}).run.trl == "sft"
 
 
 def test_every_problem_reported_together():
@@ -188,6 +214,8 @@ def cli_env(tmp_path_factory):
     ("run: {trl: sft, args: {per_device_train_batch_size: two}}",
      "run.args.per_device_train_batch_size: must be an integer, got 'two'"),
     ("run: {script: train.py, args: [--output_dir, o]}\nrecipe: sft", "recipe: give either recipe:"),
+    ("run: {trl: dpo}", "2 problems: run.args.model_name_or_path: missing: trl dpo needs a model; "
+                        "run.args.dataset_name: missing: trl dpo needs a dataset (this or --datasets)"),
 ])
 @pytest.mark.parametrize("command", ["render", "submit"])
 def test_cli_refuses_bad_run_blocks_with_exit_2_and_one_line(tmp_path, cli_env, text, needle, command):
@@ -253,8 +281,9 @@ def test_cli_render_shows_the_run_kind_and_the_exact_command(tmp_path, cli_env):
 def test_dotlist_overrides_reach_mapping_and_list_args(tmp_path):
     f = tmp_path / "j.yaml"
     f.write_text("run: {trl: sft, args: {learning_rate: 2e-5, packing: false}}\n")
-    s, _ = load(str(f), overrides=["run.args.learning_rate=1e-5", "run.args.max_length=512", "run.args.packing=true"])
-    assert s.run.args == {"learning_rate": 1e-5, "packing": True, "max_length": 512}
+    s, _ = load(str(f), overrides=["run.args.learning_rate=1e-5", "run.args.max_length=512", "run.args.packing=true",
+                                   "run.args.model_name_or_path=m", "run.args.dataset_name=d"])
+    assert s.run.args == {"learning_rate": 1e-5, "packing": True, "max_length": 512, **NEEDS}
     f.write_text("run: {script: t.py, args: [data.jsonl, --learning_rate, '2e-5', --flag, --x=1]}\n")
     s, _ = load(str(f), overrides=["run.args.learning_rate=1e-5", "run.args.flag=false", "run.args.x=2",
                                    "run.args.new=true", "run.args.0=other.jsonl"])
@@ -281,8 +310,8 @@ def test_paths_resolve_against_the_submit_directory(tmp_path):
     plain = api.resolve_paths(job({"script": "train.py", "args": {"data": "~/d.jsonl"}}), tmp_path)
     assert plain.output_dir == str(cwd / "outputs/my_job") and "output_dir" not in plain.run.args
     assert plain.run.args["data"] == str(Path("~/d.jsonl").expanduser())
-    trl = api.resolve_paths(job({"trl": "sft", "args": {"dataset_name": "trl-lib/Capybara"}}), tmp_path)
-    assert trl.run.args == {"dataset_name": "trl-lib/Capybara", "output_dir": str(cwd / "outputs/my_job")}
+    trl = api.resolve_paths(job({"trl": "sft", "args": {**NEEDS, "dataset_name": "trl-lib/Capybara"}}), tmp_path)
+    assert trl.run.args == {**NEEDS, "dataset_name": "trl-lib/Capybara", "output_dir": str(cwd / "outputs/my_job")}
     with pytest.raises(ConfigError) as e:
         api.resolve_paths(job({"script": "missing.py"}), tmp_path)
     assert problems(e.value) == {"run.script": f"file not found: {cwd / 'missing.py'}"}
@@ -306,10 +335,10 @@ def test_one_node_command_path_for_every_kind():
     assert plan(script).node(1).command == (*base, "/src/train.py", "--a", "1")
     module = job({"module": "mypkg.train", "args": {"a": True}}, launch={"nodes": 2})
     assert plan(module).node(1).command == (*base, "-m", "mypkg.train", "--a", "true")
-    trl = job({"trl": "sft", "args": {"output_dir": "/o"}}, launch={"nodes": 2})
+    trl = job({"trl": "sft", "args": {**NEEDS, "output_dir": "/o"}}, launch={"nodes": 2})
     assert plan(trl, accelerator="gpu", run_module="trl.scripts.sft").node(1).command == \
-        (*base, "-m", "trl.scripts.sft", "--output_dir", "/o")
-    assert plan(trl, accelerator="gpu").node(1).command[-3] == "trl.scripts.sft"  # TRL not installed here: by name
+        (*base, "-m", "trl.scripts.sft", "--model_name_or_path", "m", "--dataset_name", "d", "--output_dir", "/o")
+    assert plan(trl, accelerator="gpu").node(1).command[-7] == "trl.scripts.sft"  # TRL not installed here: by name
 
 
 def test_plan_fields_for_own_code_and_none_for_built_ins():
@@ -338,22 +367,22 @@ def test_effective_batch_and_tokens_from_what_the_args_carry():
     assert (p.per_device_batch, p.grad_accum, p.effective_batch) == (None, None, None)
     text = summary(p)
     assert "batch      set by your code" in text and "tokens     unknown per step" in text
-    t = plan(job({"trl": "sft", "args": {"packing": True}}, launch={"nodes": 2}), accelerator="gpu",
+    t = plan(job({"trl": "sft", "args": {**NEEDS, "packing": True}}, launch={"nodes": 2}), accelerator="gpu",
              trainer_defaults=DEFAULTS)
     assert (t.effective_batch, t.max_length, t.tokens_per_step, t.tokens_per_step_exact) == (16, 1024, 16 * 1024, True)
     assert "(own code: trl sft, job 'my_job'" in summary(t)
 
 
 def test_what_the_plan_adds_to_a_trl_subcommand_and_never_to_a_script():
-    on_cpu = plan(job({"trl": "sft", "args": {"output_dir": "/o"}}), trainer_defaults=DEFAULTS)
+    on_cpu = plan(job({"trl": "sft", "args": {**NEEDS, "output_dir": "/o"}}), trainer_defaults=DEFAULTS)
     assert on_cpu.node(0).command[-6:] == ("--output_dir", "/o", "--bf16", "false", "--use_cpu", "true")
     assert "run.args: --bf16 false --use_cpu true added (a CPU cluster)" in on_cpu.warnings
-    mine = plan(job({"trl": "sft", "args": {"bf16": False, "use_cpu": True}}), trainer_defaults=DEFAULTS)
+    mine = plan(job({"trl": "sft", "args": {**NEEDS, "bf16": False, "use_cpu": True}}), trainer_defaults=DEFAULTS)
     assert mine.node(0).command[-4:] == ("--bf16", "false", "--use_cpu", "true") and not mine.warnings
     script = plan(job({"script": "/t.py"}), trainer_defaults=DEFAULTS)
     assert script.node(0).command[-1] == "/t.py" and not script.warnings
     cp = {"profile": "context_parallel", "nodes": 1, "procs_per_node": 4, "parallelism": {"cp": 2}}
-    t = plan(job({"trl": "sft", "args": {"attn_implementation": "sdpa"}}, launch=cp), accelerator="gpu",
+    t = plan(job({"trl": "sft", "args": {**NEEDS, "attn_implementation": "sdpa"}}, launch=cp), accelerator="gpu",
              profile="context_parallel", trainer_defaults=DEFAULTS)
     assert t.node(0).command[-2:] == ("--pad_to_multiple_of", "4")
     assert any("--pad_to_multiple_of 4 added" in w for w in t.warnings)
@@ -417,11 +446,12 @@ def test_trl_cli_cache_needs_no_trl_import(trl_home):
 
 def test_run_args_checked_against_the_installed_trl(trl_home, monkeypatch):
     monkeypatch.setenv("ORCHESTRATE_HOME", str(trl_home[0]))
-    spec = parse_job({"run": {"trl": "grpo", "args": {"reward_funcs": "accuracy", "beta": "0.1"}}},
+    spec = parse_job({"run": {"trl": "grpo", "args": {**NEEDS, "reward_funcs": "accuracy", "beta": "0.1"}}},
                      trainer_fields=trlfields.trainer_fields, trl_commands=trlfields.trl_commands)
     assert spec.run.trl == "grpo"
     with pytest.raises(ConfigError) as e:
-        parse_job({"run": {"trl": "grpo", "args": {"beta": "high", "num_generation": 4}}},
+        parse_job({"run": {"trl": "grpo", "args": {**NEEDS, "reward_funcs": "accuracy", "beta": "high",
+                                                   "num_generation": 4}}},
                   trainer_fields=trlfields.trainer_fields, trl_commands=trlfields.trl_commands)
     p = problems(e.value)
     assert p["run.args.beta"] == "must be a number, got 'high'"

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from orchestrator import trlfields
-from orchestrator.core.spec import parse_job, parse_recipe
+from orchestrator.core.spec import TRL_NEEDS, parse_job, parse_recipe
 from orchestrator.core.trainerranges import RANGES, RECIPE_CONFIGS, Rule, broken_rule
 from orchestrator.errors import ConfigError
 
@@ -62,6 +62,13 @@ def paths(field: str, installed) -> list[tuple[str, str]]:
     return out
 
 
+def needs(commands: dict, subcommand: str) -> dict[str, str]:
+    """What a job of `subcommand` cannot run without (core.spec.TRL_NEEDS), given, so that only the field checked
+    is wrong."""
+    accepted = {o[2:] for o in commands[subcommand]["options"] or ()}
+    return {names[0]: "x" for _, names in TRL_NEEDS if names[0] in accepted}
+
+
 def verdict(path: tuple[str, str], field: str, value: Any, context: dict[str, Any], installed) -> dict[str, str]:
     """The problems the plan names for `{**context, field: value}` on `path` ({} when it is taken)."""
     kinds, commands = installed
@@ -70,7 +77,9 @@ def verdict(path: tuple[str, str], field: str, value: Any, context: dict[str, An
     try:
         if how == "run":
             run = {"script": "train.py"} if key == "script" else {"trl": key[4:]}
-            parse_job({"run": {**run, "args": values}}, trainer_fields=kinds.get, trl_commands=lambda: commands)
+            given = needs(commands, key[4:]) if key != "script" else {}
+            parse_job({"run": {**run, "args": {**given, **values}}}, trainer_fields=kinds.get,
+                      trl_commands=lambda: commands)
         else:
             parse_recipe({**BASE, "recipe": key, "trainer": values},
                          trainer_fields=kinds.get if how == "recipe" else None)
@@ -157,7 +166,8 @@ def test_cli_takes_the_edges_of_the_ranges(tmp_path, home):
 def test_cli_refuses_own_code_args_in_both_forms(tmp_path, home):
     """Own code: a mapping's option, a list's word and a `run.args.X=` override, each named, all together."""
     (tmp_path / "train.py").write_text("print('hi')\n")
-    (tmp_path / "map.yaml").write_text("run: {trl: sft, args: {num_train_epochs: -1, seed: 7}}\n")
+    (tmp_path / "map.yaml").write_text("run: {trl: sft, args: {num_train_epochs: -1, seed: 7, model_name_or_path: m, "
+                                       "dataset_name: d}}\n")
     (tmp_path / "words.yaml").write_text("run: {script: train.py, args: [--warmup_steps, '-5', --seed, '7']}\n")
     r = _cli(["render", "map.yaml", "--out", str(tmp_path / "o1")], home, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
@@ -230,6 +240,8 @@ def test_rules_that_hold_only_where_they_apply(installed):
     kinds, commands = installed
 
     def run_problems(run: dict, fields=kinds.get, table=lambda: commands) -> dict[str, str]:
+        if "trl" in run and table() is not None:
+            run = {**run, "args": {**needs(table(), run["trl"]), **run["args"]}}
         try:
             parse_job({"run": run}, trainer_fields=fields, trl_commands=table)
         except ConfigError as e:

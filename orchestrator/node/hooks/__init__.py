@@ -15,6 +15,8 @@ top-level modules in every rank, and none of them imports anything but the stand
 - `orchestrate_trainer.py`: the Trainer callbacks (shared with the built-in recipes).
 - `orchestrate_heartbeat.py`: the one writer of heartbeat records, and `beat(step, loss=...)` for loops that
   step no torch optimizer.
+- `orchestrate_world.py`: a rank never trains alone: accelerate told about a CPU cluster at start-up, and a rank whose
+  distributed state is not the launch's world stopped at its first optimizer step (`TrainsAlone`).
 - `orchestrate_checkpoint.py`: each checkpoint's record of the job that wrote it, and which checkpoint a rank
   resumes from (shared with the built-in recipes and read by the submitter).
 

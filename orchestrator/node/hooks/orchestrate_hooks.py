@@ -46,9 +46,11 @@ import time
 try:
     import orchestrate_heartbeat as hb
     import orchestrate_tracking as tracking
+    import orchestrate_world
 except ImportError:
     from orchestrator.node.hooks import orchestrate_heartbeat as hb
     from orchestrator.node.hooks import orchestrate_tracking as tracking
+    from orchestrator.node.hooks import orchestrate_world
 
 _installed = False
 _OFF = ("0", "false", "no", "off")
@@ -97,6 +99,8 @@ def _optimizer_stepped(optimizer, args, kwargs) -> None:
     s.steps += 1
     if s.steps == 1:
         _time_forward()
+        if why := orchestrate_world.trains_alone():  # a rank that is not part of the world stops here, naming why
+            raise TrainsAlone(f"this rank trains alone: {why}")
     _Forward.depth = 0  # (a forward that raised never ran its post-hook)
     if _Forward.pending:
         _read_events()  # the forwards whose GPU work is done count for this step's record
@@ -607,6 +611,7 @@ def install() -> None:
     if not any(a == "recipes.run" for a in getattr(sys, "orig_argv", ())):  # recipes.run writes its own
         hb.mark("boot", proc_start=_process_start_time())
     tracking.defaults()
+    orchestrate_world.on_cpu_cluster()  # accelerate's state on a CPU cluster: the whole world, not one process
     finder = _PostImportFinder(HOOKS)
     for name, hook in list(HOOKS.items()):
         if name in sys.modules:  # installed late (tests): hook what is already there
