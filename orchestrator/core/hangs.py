@@ -140,8 +140,9 @@ def where(stack: tuple[Frame, ...]) -> str:
     if user is None:
         return f"{_base(inner[0])}:{inner[1]} in {inner[2]}"
     text = f"{_base(user[0])}:{user[1]} in {user[2]}"
-    if user[3]:
-        text += f" ({user[3].strip()[:80]})"
+    code = user[3].split("  #", 1)[0].strip()  # (the source line, its trailing comment dropped)
+    if code:
+        text += f" ({code[:80]})"
     elif inner is not user:
         text += f" > {inner[2]}"
     return text

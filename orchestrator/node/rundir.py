@@ -22,6 +22,12 @@ RUN_DIR/heartbeats/rank<G>.jsonl     per-rank heartbeat records, docs/CONTRACT.m
 RUN_DIR/heartbeats/rank<G>.exit      {"pid", "code"}: how rank G left Python's exit (its start-up hooks; removed
                                      by the node agent before each launch)
 RUN_DIR/stacks/rank<G>.txt           py-spy stacks of a hung job's ranks (node agent / supervisor)
+RUN_DIR/hangs/ask_rank<G>            named pipe: a byte asks rank G's hang responder for its evidence (the rank's
+                                     start-up hooks make it; orchestrate_hangs)
+RUN_DIR/hangs/rank<G>.json           rank G's hang evidence: flight-recorder entries, thread stacks (the rank)
+RUN_DIR/hangs/rank<G>.status.json    {"pid", "status": answered | stopped | no_answer, "asked"} (node.hangevidence)
+RUN_DIR/diagnosis.json               the hang's analysis (core.hangs): root cause, culprits, the collective, stack
+                                     classes, each rank's last collectives (the supervisor / the SLURM verdict node)
 RUN_DIR/outcome.json                 how the job's last attempt ended, per node, as judged: {"state", "exit_code",
                                      "signal", "root_cause", "by", "t", "nodes": [{"node", "host", "end",
                                      "exit_code", "signal", "note"}], "teardown_at": when the supervisor told the
@@ -158,6 +164,8 @@ class RunDir:
     QUEUE = "queue.json"  # while the job waits for leased hosts / GPUs (QUEUED): what it waits for, since when
     STRAGGLERS = "stragglers.json"  # the supervisor's straggler verdicts and each rank's evidence (core.health)
     RESUMED = "resumed_from.json"  # another job's checkpoint this job began from, as asked (api.check_resume)
+    HANGS = "hangs"  # hang evidence (node.hangevidence; the ranks' responder: hooks/orchestrate_hangs.DIR)
+    DIAGNOSIS = "diagnosis.json"  # the hang's analysis (core.hangs), kept by node.hangevidence.diagnose_run
     OUTCOME = "outcome.json"  # the last attempt's end as judged, per node (supervisor / reconciling status)
 
     def __init__(self, root: str | os.PathLike):
@@ -180,6 +188,22 @@ class RunDir:
         return f"heartbeats/rank{rank}.jsonl"
 
     # ----------------------------------------------------------------------------------- paths
+    @staticmethod
+    def hang_ask_rel(rank: int) -> str:
+        return f"{RunDir.HANGS}/ask_rank{rank}"
+
+    @staticmethod
+    def hang_evidence_rel(rank: int) -> str:
+        return f"{RunDir.HANGS}/rank{rank}.json"
+
+    @staticmethod
+    def hang_status_rel(rank: int) -> str:
+        return f"{RunDir.HANGS}/rank{rank}.status.json"
+
+    def diagnosis(self) -> dict:
+        data = self._json(self.DIAGNOSIS)
+        return data if isinstance(data, dict) else {}
+
     def path(self, rel: str) -> Path:
         return self.root / rel
 

@@ -26,6 +26,8 @@
         going on with the rest of the script (final save, evaluation, upload) of an unfinished run.
 A plain loop gets no signal handler: SIGTERM/SIGUSR2 keep their default action (the process ends), since nothing
 could save its state.
+- turns torch's flight recorder on and starts the rank's hang responder (orchestrate_hangs: asked by the node
+  agent on a hang, it writes the rank's recorder entries and thread stacks, even while the main thread is blocked);
 - registers `_at_exit` at start-up, before the user's code, so it runs after every atexit handler the script and its
   libraries register:
   * writes the rank's exit record, ORCHESTRATE_HEARTBEAT_DIR/rank<G>.exit: {"pid", "code"}, where code is 1 after an
@@ -632,6 +634,18 @@ def _tracker_defaults() -> None:
     env.setdefault("WANDB_NAME", job + suffix)
 
 
+def _hang_responder() -> None:
+    """The flight recorder on and the rank's hang responder started (orchestrate_hangs)."""
+    try:
+        try:
+            import orchestrate_hangs as hangs
+        except ImportError:
+            from orchestrator.node.hooks import orchestrate_hangs as hangs
+        hangs.start()
+    except Exception as e:  # noqa: BLE001 - never break the user's run
+        _warn(f"no hang evidence in this rank: {type(e).__name__}: {e}")
+
+
 def install() -> None:
     global _installed
     if _installed:
@@ -644,6 +658,7 @@ def install() -> None:
     if not any(a == "recipes.run" for a in getattr(sys, "orig_argv", ())):  # recipes.run writes its own
         hb.mark("boot", proc_start=_process_start_time())
     _tracker_defaults()
+    _hang_responder()
     finder = _PostImportFinder(HOOKS)
     for name, hook in list(HOOKS.items()):
         if name in sys.modules:  # installed late (tests): hook what is already there
