@@ -365,6 +365,8 @@ class Supervisor:
                                 hang, rank = diag.line + "; RUN_DIR/diagnosis.json", diag.culprits[0]
                             hang_node = rank // max(1, self.plan.procs_per_node)
                             hang_host = self._host_of(job, rank)
+                            if diag is not None and diag.culprits and hang_host:
+                                hang = hang.replace("; RUN_DIR/", f"; rank {rank} runs on {hang_host}; RUN_DIR/", 1)
                             if self.plan.health.stack_dumps:
                                 hang += "; stacks in RUN_DIR/stacks/" + (" on each host" if len(set(job.nodes.values()))
                                                                          > 1 else "")

@@ -92,7 +92,22 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
             "root_cause": record.get("root_cause"), "run_dir": record["run_dir"],
             "created": record["created"], "updated": record["updated"], "fetched": _fetched(run_dir),
             "container": _container(run_dir, plan), "excluded": _excluded(run_dir), "stragglers": named,
-            "attempts": _attempts(run_dir), "resumed_from": _resumed_from(run_dir), "queue": _queue(run_dir, record)}
+            "attempts": _attempts(run_dir), "resumed_from": _resumed_from(run_dir), "queue": _queue(run_dir, record),
+            "diagnosis": _diagnosis(run_dir)}
+
+
+def _diagnosis(run_dir: Path) -> dict[str, Any] | None:
+    """A hang's analysis (RUN_DIR/diagnosis.json, core.hangs): the root cause, culprits, the collective and the
+    stack classes (the largest 8); every rank's last collectives stay in the file."""
+    d = _read_json(run_dir / "diagnosis.json")
+    if not d.get("root_cause"):
+        return None
+    return {"root_cause": d["root_cause"], "culprits": (d.get("culprits") or [])[:64],
+            "collective": d.get("collective"), "desync": d.get("desync"), "stopped": (d.get("stopped") or [])[:64],
+            "no_answer": (d.get("no_answer") or [])[:64],
+            "stack_classes": [dict(c, ranks=(c.get("ranks") or [])[:16]) for c in (d.get("stack_classes") or [])[:8]
+                              if isinstance(c, dict)],
+            "file": str(run_dir / "diagnosis.json")}
 
 
 def _attempts(run_dir: Path) -> list[dict[str, Any]]:
@@ -280,6 +295,10 @@ def status_text(st: dict[str, Any]) -> str:
         lines.append(f"queue    {queue_text(st)}")
     if st["root_cause"]:
         lines.append(f"cause    {st['root_cause']}")
+    if st.get("diagnosis"):
+        d = st["diagnosis"]
+        lines.append(f"hang     {d['root_cause'][:600]}")
+        lines += [f"stacks   {c.get('count')} rank(s) in {c.get('where')}" for c in d.get("stack_classes", [])[:4]]
     for a in st.get("attempts") or []:
         lines.append(f"attempt  {a['attempt']}: {a['reason'][:300]}")
     if st.get("resumed_from"):

@@ -60,6 +60,7 @@ class RankEvidence:
     main_stack: tuple[Frame, ...] = ()  # the main thread's frames, outermost first
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict)  # group -> its ranks, where the rank knows
     source: str = ""  # where the evidence came from: responder, py-spy, nccl dump
+    pid: int = 0
 
 
 def entries_from_fr(raw: Iterable[dict]) -> tuple[Entry, ...]:
@@ -285,8 +286,11 @@ def diagnose(evidence: Iterable[RankEvidence], world_size: int) -> Diagnosis:
         parts.append(f"desync: {ranks_text(desync['ranks'])} {_verb(desync['ranks'], 'is', 'are')} in "
                      f"{desync['op']} #{collective['seq'] if collective else '?'} while the others are in "
                      f"{collective['op'] if collective else '?'}")
-    if stopped:
-        parts.append(f"{ranks_text(stopped)}: process stopped (state T)")
+    if len(stopped) == 1:
+        pid = ev[stopped[0]].pid
+        parts.append(f"rank {stopped[0]} ({f'process {pid}' if pid else 'its process'} is stopped)")
+    elif stopped:
+        parts.append(f"{ranks_text(stopped)}: processes stopped (state T)")
     shown: set[tuple] = set()
     for r in [r for r in order if r in class_of][:LISTED]:  # where the culprits are (their classes, up to 3)
         c = class_of[r]

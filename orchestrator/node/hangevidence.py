@@ -159,7 +159,39 @@ def rank_evidence(rd: RunDir, rank: int, since: float = 0.0) -> RankEvidence | N
     if not status and not entries and not frames:
         return None
     return RankEvidence(rank, str(ev.get("host") or ""), status if status in (ANSWERED, STOPPED) else NO_ANSWER,
-                        entries, frames, groups, source)
+                        entries, frames, groups, source, int(st.get("pid") or 0))
+
+
+CARRIED = (RunDir.hang_status_rel, RunDir.hang_evidence_rel, lambda g: f"{RunDir.STACKS}/rank{g}.txt")
+CARRIED_BYTES = 256 * 1024  # per file: what a node's `--diagnose` answer carries back (hosts without a shared fs)
+
+
+def export(rd: RunDir, ranks) -> dict[str, str]:
+    """This node's ranks' evidence files (rel path -> text), for `--diagnose`'s answer over SSH (`absorb` keeps
+    them in the submitter's run dir where the hosts share no filesystem)."""
+    out = {}
+    for g in ranks:
+        for rel_of in CARRIED:
+            rel = rel_of(g)
+            try:
+                out[rel] = rd.path(rel).read_text(errors="replace")[:CARRIED_BYTES]
+            except OSError:
+                continue
+    return out
+
+
+def absorb(rd: RunDir, files: dict) -> None:
+    """Keep the evidence files a node's `--diagnose` answer carried (`export`), under the same paths."""
+    for rel, text in files.items():
+        parts = str(rel).split("/")
+        if len(parts) != 2 or parts[0] not in (RunDir.HANGS, RunDir.STACKS) or not parts[1].startswith("rank") \
+                or ".." in rel or not isinstance(text, str):
+            continue
+        try:
+            rd.mkdir(parts[0])
+            rd.write_text(rel, text)
+        except OSError:
+            pass
 
 
 def load(rd: RunDir, world_size: int, since: float = 0.0) -> list[RankEvidence]:

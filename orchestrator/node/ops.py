@@ -103,14 +103,17 @@ def stopped_ranks(run_dir: RunDir | Path, rank: int | None = None) -> tuple[dict
 
 
 def diagnose_node(run_dir: RunDir | Path, rank: int | None, stacks: bool = True) -> int:
-    """Print one JSON line per node: each rank's pid and /proc state (T = stopped), and keep py-spy stacks in
-    RUN_DIR/stacks/. Run on the node (over SSH) when the supervisor sees a hang, before the teardown."""
+    """Print one JSON line per node: each rank's pid and /proc state (T = stopped), and keep the hang evidence
+    (keep_stacks) in RUN_DIR/hangs/ and RUN_DIR/stacks/, also carried in the line ("hangs": node.hangevidence.export).
+    Run on the node (over SSH) when the supervisor sees a hang, before the teardown."""
     for r, info in recorded_agents(run_dir, rank):
         pids = marked_ranks(info.token) if info.token else {}
         ranks = {str(g): {"pid": pid, "state": state(pid)} for g, pid in sorted(pids.items())}
         out = {"node_rank": r, "ranks": ranks}
         if stacks and pids:
+            from orchestrator.node.hangevidence import export
             out["stacks"] = str(keep_stacks(run_dir, pids, {int(g) for g, v in ranks.items() if v["state"] == "T"}))
+            out["hangs"] = export(run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir), pids)
         print(json.dumps(out, sort_keys=True), flush=True)
     return 0
 

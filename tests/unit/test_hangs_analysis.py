@@ -45,10 +45,10 @@ def test_desync_names_both_ops():
 
 def test_stopped_rank_is_named_when_the_others_all_entered():
     ev = [RankEvidence(r, entries=entries(12), main_stack=WAIT) for r in (0, 2, 3)]
-    ev.append(RankEvidence(1, status=STOPPED, main_stack=SLEEP, source="py-spy"))
+    ev.append(RankEvidence(1, status=STOPPED, main_stack=SLEEP, source="py-spy", pid=4242))
     d = diagnose(ev, 4)
     assert d.culprits == (1,) and d.stopped == (1,)
-    assert "rank 1: process stopped (state T)" in d.line and "3 ranks wait in all_reduce #12" in d.line
+    assert "rank 1 (process 4242 is stopped)" in d.line and "3 ranks wait in all_reduce #12" in d.line
 
 
 def test_no_answer_and_missing_evidence():
