@@ -259,7 +259,8 @@ class StragglerLog:
         if self.rd is None or not (evidence or self.data.get("named")):
             return
         self.data.update(evidence={str(r): round(v, 6) for r, v in evidence.items()}, t=now,
-                         window=monitor.straggler_window, factor=monitor.straggler_factor)
+                         window=monitor.straggler_window, factor=monitor.straggler_factor,
+                         arrival={str(r): round(v, 6) for r, v in monitor.arrival_evidence().items()})
         try:
             self.rd.write_json(RunDir.STRAGGLERS, self.data)
         except OSError:

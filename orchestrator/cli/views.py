@@ -306,8 +306,11 @@ def status_text(st: dict[str, Any]) -> str:
     for host, why in (st.get("excluded") or {}).items():
         lines.append(f"excluded {host}: {why}")
     for s in st.get("stragglers") or []:
-        lines.append(f"slow     rank {s.get('rank')} on {s.get('host') or '?'}: {s.get('ratio')}x the others' forward "
-                     f"time per step (attempt {s.get('attempt')}, step {s.get('step')}, {s.get('action')})")
+        what = (f"enters the collectives {s.get('median_s', 0) * 1000:.1f} ms after the first rank, the others "
+                f"{s.get('others_s', 0) * 1000:.1f} ms" if s.get("evidence") == "arrival" else
+                f"{s.get('ratio')}x the others' forward time per step")
+        lines.append(f"slow     rank {s.get('rank')} on {s.get('host') or '?'}: {what} (attempt {s.get('attempt')}, "
+                     f"step {s.get('step')}, {s.get('action')})")
     if st.get("container"):
         c = st["container"]
         ids = sorted({(h.get("image") or {}).get("digest") or (h.get("image") or {}).get("id") or ""

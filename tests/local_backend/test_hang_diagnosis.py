@@ -35,10 +35,11 @@ CASES = {  # mode -> (the misbehaving rank, what the root cause says of it)
 }
 
 
-def submit_misbehaving(tmp_path: Path, mode: str, rank: int, step: int = 12) -> tuple[int, str]:
+def submit_misbehaving(tmp_path: Path, mode: str, rank: int, step: int = 12, steps: int = 400,
+                       health: str = "", stall: float = 4) -> tuple[int, str]:
     shutil.copy(SCRIPT, tmp_path / "train.py")
-    (tmp_path / "job.yaml").write_text(f"run: {{script: train.py, args: ['400', '{rank}', '{step}', '{mode}']}}\n"
-                                       "health: {stall_timeout: 4, startup_timeout: 120}\n")
+    (tmp_path / "job.yaml").write_text(f"run: {{script: train.py, args: ['{steps}', '{rank}', '{step}', '{mode}']}}\n"
+                                       f"health: {{stall_timeout: {stall}, startup_timeout: 120{health}}}\n")
     r = run([PYTHON, "-m", "orchestrator.cli", "submit", "job.yaml", "--nodes", "2", "--procs-per-node", "2"],
             env={**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(REPO)}, cwd=tmp_path, timeout=300,
             stderr=subprocess.STDOUT)
@@ -74,3 +75,21 @@ def test_the_misbehaving_rank_is_named_first(tmp_path, job_guard, mode):
         view = run([PYTHON, "-m", "orchestrator.cli", "status", m.group(1)],
                    env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60).stdout
         assert "hang     " in view and "rank 2 never entered it" in view, view
+
+
+@pytest.mark.parametrize("mode", ["slow", "even"])
+def test_a_rank_slow_outside_its_forward_is_named_by_arrival(tmp_path, job_guard, mode):
+    """Rank 1 sleeps 0.05 s more per step in its data path (its forward is as fast as the others'): its flight
+    recorder shows it entering the collectives last, and it is named within the window; an even run names no one."""
+    rc, text = submit_misbehaving(tmp_path, mode, 1, step=2, steps=90, stall=60,  # (no hang here: a slow exit
+                                  health=", straggler: {window: 20, factor: 1.3}")  # on a loaded machine is none)
+    m = re.search(r"^job (\S+) COMPLETED", text, re.MULTILINE)
+    assert rc == 0 and m, text[-4000:]
+    st = st_of(m.group(1))
+    named = [s["rank"] for s in st["stragglers"]]
+    if mode == "even":
+        assert named == [] and "is a straggler" not in text, text[-3000:]
+        return
+    assert named == [1] and st["stragglers"][0]["evidence"] == "arrival", st["stragglers"]
+    assert re.search(r"orchestrate: rank 1 on localhost is a straggler: it enters the collectives [\d.]+ ms after the "
+                     r"first rank", text), text[-3000:]

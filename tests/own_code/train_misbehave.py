@@ -4,6 +4,8 @@ usage: train_misbehave.py STEPS RANK STEP MODE
 MODE: sleep (blocked in Python outside any collective, in load_batch), lock (a deadlock on a lock), busy (a busy loop
 in pure Python), stop (the rank stops its own process: SIGSTOP), desync (an all_gather where the others all-reduce).
 Every other rank goes on into its next collective and waits there. Prints `MISBEHAVE rank R at step S` first.
+slow: from step S on, the rank sleeps 0.05 s more per step in load_batch (a slow data path: a straggler, never hung);
+even: nobody misbehaves. Both end normally.
 """
 
 import os
@@ -17,6 +19,8 @@ import torch.distributed as dist
 
 
 def load_batch(gen, bad: bool, mode: str):
+    if bad and mode == "slow":
+        time.sleep(0.05)  # a slow data path
     if bad and mode == "sleep":
         time.sleep(3600)  # a data loader that never returns
     if bad and mode == "lock":
@@ -41,8 +45,8 @@ def main() -> None:
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(rank)
     for step in range(1, steps + 1):
-        bad = rank == bad_rank and step == bad_step
-        if bad:
+        bad = rank == bad_rank and (step == bad_step or (mode == "slow" and step >= bad_step))
+        if bad and step == bad_step:
             sys.stdout.write(f"MISBEHAVE rank {rank} at step {step} ({mode}) t={time.time():.3f}\n")
             sys.stdout.flush()
         x = load_batch(gen, bad, mode)

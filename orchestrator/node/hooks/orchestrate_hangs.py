@@ -10,6 +10,9 @@ daemon thread blocked in opening it (no GIL held, no CPU used). The node agent w
 A gloo or NCCL collective, a lock, a sleep or file I/O release the GIL, so the thread runs at once; a main thread busy
 in pure Python hands the GIL over every switch interval (5 ms). A stopped process (SIGSTOP) does not answer: the agent
 names it from its process state and keeps its py-spy stacks.
+A second daemon thread samples the recorder every ARRIVAL_S seconds: when this rank entered each collective of the
+default group, carried on its next step record ("arrive"), the evidence that names a rank that is slow anywhere
+in its step (orchestrator.core.health: who enters the collectives last, and by how much).
 It also turns the flight recorder on where the user did not: TORCH_FR_BUFFER_SIZE (gloo) defaults to BUFFER entries;
 a GPU plan sets TORCH_NCCL_TRACE_BUFFER_SIZE (orchestrator.core.plan.NCCL_FORENSICS). ORCHESTRATE_HANG_EVIDENCE=0:
 neither.
@@ -23,6 +26,7 @@ import sys
 import threading
 import time
 
+ARRIVAL_S = 2.0  # how often the arrival sampler reads the recorder (ORCHESTRATE_ARRIVAL_S; 0: never)
 BUFFER = "256"  # flight-recorder entries kept per rank (a hang needs the last few; the dump stays a few ms)
 ENTRIES = 64  # ... of which the evidence file keeps the last
 DIR = "hangs"  # = orchestrator.node.rundir.RunDir.HANGS (this file imports nothing of orchestrator)
@@ -57,6 +61,41 @@ def start() -> None:
         print(f"orchestrate: no hang responder in rank {rank}: {e}", file=sys.stderr, flush=True)
         return
     threading.Thread(target=_serve, args=(fifo, d, int(rank)), name="orchestrate-hangs", daemon=True).start()
+    every = float(env.get("ORCHESTRATE_ARRIVAL_S") or ARRIVAL_S)
+    if every > 0:
+        threading.Thread(target=_sample, args=(every,), name="orchestrate-arrivals", daemon=True).start()
+
+
+def _sample(every: float) -> None:
+    """Every `every` seconds, the default group's collectives this rank entered since the last look (number, time),
+    handed to the heartbeat writer (orchestrate_heartbeat.add_arrivals): straggler evidence by arrival."""
+    try:
+        import orchestrate_heartbeat as hb
+    except ImportError:
+        from orchestrator.node.hooks import orchestrate_heartbeat as hb
+    import pickle
+    last = 0
+    while True:
+        time.sleep(every)
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is None or not dist.is_initialized():
+                continue
+            import torch
+            data = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
+        except Exception:  # noqa: BLE001 - no recorder here (yet): evidence by forward time only
+            continue
+        new = []
+        for e in data.get("entries") or ():
+            seq, pg = e.get("collective_seq_id"), e.get("process_group")
+            if e.get("is_p2p") or not isinstance(seq, int) or seq <= last or not pg or str(pg[0]) != "0":
+                continue
+            t = e.get("time_created_ns")
+            if isinstance(t, int):
+                new.append([seq, round(t / 1e9, 6)])
+        if new:
+            last = max(s for s, _ in new)
+            hb.add_arrivals(new)
 
 
 def _serve(fifo: str, d: str, rank: int) -> None:
