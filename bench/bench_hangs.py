@@ -11,11 +11,12 @@
    under torchrun (2 ranks, gloo, the hooks on PYTHONPATH as a launch puts them), alternating on/off runs (the
    recorder's buffer is fixed when the process group is made: it cannot be toggled inside one run), --pairs pairs;
    per pair the relative difference of the training loop's time (rank 0), median and spread.
-3. analysis: core.hangs.diagnose over 1,024 x 8 ranks' synthetic evidence (57 collectives each, one culprit, one
+3. stragglers: rank 1 slow in its data path vs an even run, --runs each: who is named, by which evidence.
+4. analysis: core.hangs.diagnose over 1,024 x 8 ranks' synthetic evidence (57 collectives each, one culprit, one
    desync), median of 3.
 
     .venv/bin/python bench/bench_hangs.py [--repo DIR] [--runs 5] [--modes sleep,lock,busy,stop,desync]
-        [--pairs 8] [--steps 3000] [--skip accuracy,overhead,analysis] [--out bench/results/hangs.json]
+        [--pairs 8] [--steps 3000] [--skip accuracy,overhead,analysis,stragglers] [--out bench/results/hangs.json]
 """
 
 from __future__ import annotations
@@ -84,6 +85,37 @@ def accuracy(repo: Path, runs: int, modes: list[str]) -> dict:
     return {"repo": str(repo), "summary": summary, "runs": out}
 
 
+def stragglers(repo: Path, runs: int) -> dict:
+    """Rank 1 slow in its data path (0.05 s a step more, train_misbehave.py `slow`) vs an even run (`even`), --runs
+    each, 90 steps, window 20, factor 1.3: which ranks are named (stragglers.json) and by which evidence."""
+    out: dict = {"slow": [], "even": []}
+    home = Path(tempfile.mkdtemp(prefix="bench-hangs-home-"))
+    for i in range(runs):
+        for mode in ("slow", "even"):
+            with tempfile.TemporaryDirectory() as d:
+                shutil.copy(REPO / "tests" / "own_code" / "train_misbehave.py", Path(d) / "train.py")
+                (Path(d) / "job.yaml").write_text(f"run: {{script: train.py, args: ['90', '1', '2', '{mode}']}}\n"
+                                                  "health: {stall_timeout: 60, startup_timeout: 120, "
+                                                  "straggler: {window: 20, factor: 1.3}}\n")
+                env = {**os.environ, "PYTHONPATH": str(repo), "ORCHESTRATE_HOME": str(home)}
+                r = subprocess.run([PY, "-m", "orchestrator.cli", "submit", "job.yaml", "--nodes", "2",
+                                    "--procs-per-node", "2"], cwd=d, env=env, capture_output=True, text=True,
+                                   timeout=400)
+            m = re.search(r"^job (\S+) (\w+)", r.stdout + r.stderr, re.MULTILINE)
+            named = []
+            if m:
+                p = home / "runs" / m.group(1) / "stragglers.json"
+                data = json.loads(p.read_text()) if p.exists() else {}
+                named = [(s.get("rank"), s.get("evidence", "forward"), s.get("step")) for s in data.get("named") or []]
+            out[mode].append({"state": m.group(2) if m else None, "named": named})
+            print(f"  {mode} run {i}: {m.group(2) if m else '?'} named {named}", flush=True)
+    shutil.rmtree(home, ignore_errors=True)
+    return {"repo": str(repo), "runs": out,
+            "slow_named_rank1": sum(any(n[0] == 1 for n in x["named"]) for x in out["slow"]),
+            "slow_named_other": sum(any(n[0] != 1 for n in x["named"]) for x in out["slow"]),
+            "even_named_anyone": sum(bool(x["named"]) for x in out["even"]), "n": runs}
+
+
 def overhead(pairs: int, steps: int) -> dict:
     from orchestrator.node.hooks import HOOKS_DIR
     script = REPO / "tests" / "own_code" / "train_plain.py"
@@ -149,6 +181,9 @@ def main() -> None:
     if "overhead" not in skip:
         res["overhead"] = overhead(a.pairs, a.steps)
         print("overhead:", json.dumps({k: v for k, v in res["overhead"].items() if k != "pairs"}), flush=True)
+    if "stragglers" not in skip:
+        res["stragglers"] = stragglers(Path(a.repo), a.runs)
+        print("stragglers:", json.dumps({k: v for k, v in res["stragglers"].items() if k != "runs"}), flush=True)
     if "accuracy" not in skip:
         res["accuracy"] = accuracy(Path(a.repo), a.runs, a.modes.split(","))
         print("accuracy:", json.dumps(res["accuracy"]["summary"]), flush=True)
