@@ -101,7 +101,7 @@ def stragglers(repo: Path, runs: int) -> dict:
                 r = subprocess.run([PY, "-m", "orchestrator.cli", "submit", "job.yaml", "--nodes", "2",
                                     "--procs-per-node", "2"], cwd=d, env=env, capture_output=True, text=True,
                                    timeout=400)
-            m = re.search(r"^job (\S+) (\w+)", r.stdout + r.stderr, re.MULTILINE)
+            m = re.search(r"^job (\S+) (COMPLETED|FAILED|CANCELLED)", r.stdout + r.stderr, re.MULTILINE)
             named = []
             if m:
                 p = home / "runs" / m.group(1) / "stragglers.json"
@@ -138,6 +138,40 @@ def overhead(pairs: int, steps: int) -> dict:
     rels = sorted(r["rel"] for r in rows)
     return {"steps": steps, "pairs": rows, "median_rel": round(statistics.median(rels), 4),
             "min_rel": rels[0], "max_rel": rels[-1]}
+
+
+SAMPLER = """
+import os, pickle, statistics, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(4)
+for _ in range(600):
+    dist.all_reduce(t)
+ts = []
+for _ in range(30):
+    t0 = time.perf_counter()
+    data = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
+    ts.append(time.perf_counter() - t0)
+if dist.get_rank() == 0:
+    print("SAMPLER", len(data["entries"]), statistics.median(ts), max(ts))
+dist.destroy_process_group()
+"""
+
+
+def sampler_cost() -> dict:
+    """What the arrival sampler costs a rank: one recorder read (dump + unpickle, the buffer full at 256 entries)
+    every ARRIVAL_S seconds, measured in a 2-rank gloo job."""
+    from orchestrator.node.hooks.orchestrate_hangs import ARRIVAL_S, BUFFER
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "s.py").write_text(SAMPLER)
+        r = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29790",
+                            str(Path(d) / "s.py")], env={**os.environ, "TORCH_FR_BUFFER_SIZE": BUFFER,
+                                                          "OMP_NUM_THREADS": "1"},
+                           capture_output=True, text=True, timeout=300)
+    line = next(x for x in r.stdout.splitlines() if x.startswith("SAMPLER"))
+    _, n, med, worst = line.split()
+    return {"entries": int(n), "read_median_s": round(float(med), 5), "read_max_s": round(float(worst), 5),
+            "every_s": ARRIVAL_S, "share_of_wall": round(float(med) / ARRIVAL_S, 5)}
 
 
 def analysis() -> dict:
@@ -178,6 +212,9 @@ def main() -> None:
     if "analysis" not in skip:
         res["analysis"] = analysis()
         print("analysis:", json.dumps({k: v for k, v in res["analysis"].items() if k != "line"}), flush=True)
+    if "sampler" not in skip:
+        res["sampler"] = sampler_cost()
+        print("sampler:", json.dumps(res["sampler"]), flush=True)
     if "overhead" not in skip:
         res["overhead"] = overhead(a.pairs, a.steps)
         print("overhead:", json.dumps({k: v for k, v in res["overhead"].items() if k != "pairs"}), flush=True)
