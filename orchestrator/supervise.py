@@ -3,7 +3,9 @@
 Backends only observe and report (`Running.events()`: output lines, heartbeat records, a node's end with its exit
 record and last lines, a lost node, the scheduler's verdict) and act when told (`Running.stop`, `stopped_ranks`).
 `Supervisor.run` decides: fail fast (the first node that fails makes every other node stop), hang (a rank silent
-past its limit: the culprit is a rank found stopped, else the longest silent, `HealthMonitor.culprit`), cancel
+past its limit: the nodes keep every rank's evidence, and the one analysis, core.hangs, names the culprit: the ranks
+that never entered the collective where the job stopped; without evidence a rank found stopped, else the longest
+silent, `HealthMonitor.culprit`), cancel
 (Ctrl-C, `orchestrate cancel`), and then `judge` names the outcome and its root cause: among the nodes that failed on
 their own (before our teardown), the earliest by the agents' exit times, unless its log only shows a dead peer and
 another's does not. `RestartPolicy` decides whether a failed attempt is restarted: one budget
@@ -261,7 +263,8 @@ class StragglerLog:
         if self.rd is None or not (evidence or self.data.get("named")):
             return
         self.data.update(evidence={str(r): round(v, 6) for r, v in evidence.items()}, t=now,
-                         window=monitor.straggler_window, factor=monitor.straggler_factor)
+                         window=monitor.straggler_window, factor=monitor.straggler_factor,
+                         arrival={str(r): round(v, 6) for r, v in monitor.arrival_evidence().items()})
         try:
             self.rd.write_json(RunDir.STRAGGLERS, self.data)
         except OSError:
@@ -363,13 +366,21 @@ class Supervisor:
                         next_check = now + every
                         stalls = [s for s in monitor.stalls(now) if s.silent_s > s.limit_s + hang_margin]
                         if stalls:
+                            asked = time.time()
                             stopped = job.stopped_ranks(self.plan.health.stack_dumps)
-                            hang = monitor.culprit(stalls, stopped, now)
-                            hang_node = culprit_rank(stalls, stopped) // max(1, self.plan.procs_per_node)
-                            hang_host = self._host_of(job, culprit_rank(stalls, stopped))
+                            hang, rank = monitor.culprit(stalls, stopped, now), culprit_rank(stalls, stopped)
+                            diag = self._diagnose(asked) if self.plan.health.stack_dumps else None
+                            if diag is not None and diag.culprits:  # the evidence names the culprit (core.hangs)
+                                hang, rank = diag.line + "; RUN_DIR/diagnosis.json", diag.culprits[0]
+                            hang_node = rank // max(1, self.plan.procs_per_node)
+                            hang_host = self._host_of(job, rank)
+                            if diag is not None and diag.culprits and hang_host:
+                                hang = hang.replace("; RUN_DIR/", f"; rank {rank} runs on {hang_host}; RUN_DIR/", 1)
                             if self.plan.health.stack_dumps:
                                 hang += "; stacks in RUN_DIR/stacks/" + (" on each host" if len(set(job.nodes.values()))
                                                                          > 1 else "")
+                            if self.on_line:
+                                self.on_line(hang_node, f"orchestrate: {hang}")
                             teardown("hang: " + hang, grace, set(job.nodes) - set(ends))
                         for slow in stragglers.judge(monitor, now, lambda r: self._host_of(job, r)):
                             text = slow.describe()  # newly named: said once each, recorded in the run dir
@@ -398,6 +409,16 @@ class Supervisor:
                        max_step=max_step, hang_host=hang_host, straggler=straggler, straggler_host=straggler_host,
                        hang_node=hang_node)
         return dataclasses.replace(result, teardown_at=torn_down_at)
+
+    def _diagnose(self, since: float):
+        """The hang analysis (core.hangs) over the evidence the nodes just kept (node.hangevidence), or None."""
+        if not getattr(self.plan, "run_dir", ""):
+            return None
+        from orchestrator.node.hangevidence import diagnose_run
+        try:
+            return diagnose_run(RunDir(self.plan.run_dir), self.plan.world_size, since=since - 1.0)
+        except Exception:  # noqa: BLE001 - the analysis must never keep a hung job from being torn down
+            return None
 
     def _host_of(self, job: Running, rank: int) -> str:
         """The host of a global rank's node, as the job names it (the cluster file's host, SLURM's node)."""

@@ -454,6 +454,9 @@ def diagnose(job: SSHJob, python: str, timeout: float = 8.0) -> dict[int, int]:
                                                                       action="diagnose")), timeout=timeout)
         for line in out.decode(errors="replace").splitlines():
             try:
+                if not job.shared_fs and isinstance(json.loads(line).get("hangs"), dict):
+                    from orchestrator.node.hangevidence import absorb
+                    absorb(job.rd, json.loads(line)["hangs"])  # the evidence, for the analysis here
                 for g, info in json.loads(line).get("ranks", {}).items():
                     if info.get("state") == "T":
                         stopped[int(g)] = int(info["pid"])

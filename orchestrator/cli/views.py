@@ -93,7 +93,7 @@ def job_status(record: dict[str, Any], now: float | None = None) -> dict[str, An
             "created": record["created"], "updated": record["updated"], "fetched": _fetched(run_dir),
             "container": _container(run_dir, plan), "excluded": _excluded(run_dir), "stragglers": named,
             "attempts": _attempts(run_dir), "resumed_from": _resumed_from(run_dir), "queue": _queue(run_dir, record),
-            "tracking": _tracking(run_dir)}
+            "tracking": _tracking(run_dir), "diagnosis": _diagnosis(run_dir)}
 
 
 def _tracking(run_dir: Path) -> dict[str, Any]:
@@ -108,6 +108,21 @@ def tracking_text(tracker: str, rec: dict[str, Any]) -> str:
     uri, exp, run = str(rec.get("tracking_uri") or ""), rec.get("experiment_id"), rec.get("run_id")
     page = f"  {uri.rstrip('/')}/#/experiments/{exp}/runs/{run}" if uri.startswith(("http://", "https://")) else ""
     return f"{tracker:<8} run {run} (experiment {exp}, {uri}){page}"
+
+
+def _diagnosis(run_dir: Path) -> dict[str, Any] | None:
+    """A hang's analysis (RUN_DIR/diagnosis.json, core.hangs): the root cause, culprits, the collective and the
+    stack classes (the largest 8); every rank's last collectives stay in the file."""
+    from orchestrator.node.rundir import RunDir
+    d = _read_json(run_dir / RunDir.DIAGNOSIS)
+    if not d.get("root_cause"):
+        return None
+    return {"root_cause": d["root_cause"], "culprits": (d.get("culprits") or [])[:64],
+            "collective": d.get("collective"), "desync": d.get("desync"), "stopped": (d.get("stopped") or [])[:64],
+            "no_answer": (d.get("no_answer") or [])[:64],
+            "stack_classes": [dict(c, ranks=(c.get("ranks") or [])[:16]) for c in (d.get("stack_classes") or [])[:8]
+                              if isinstance(c, dict)],
+            "file": str(run_dir / RunDir.DIAGNOSIS)}
 
 
 def _attempts(run_dir: Path) -> list[dict[str, Any]]:
@@ -297,6 +312,10 @@ def status_text(st: dict[str, Any]) -> str:
         lines.append(f"queue    {queue_text(st)}")
     if st["root_cause"]:
         lines.append(f"cause    {st['root_cause']}")
+    if st.get("diagnosis"):
+        d = st["diagnosis"]
+        lines.append(f"hang     {d['root_cause'][:600]}")
+        lines += [f"stacks   {c.get('count')} rank(s) in {c.get('where')}" for c in d.get("stack_classes", [])[:4]]
     for a in st.get("attempts") or []:
         lines.append(f"attempt  {a['attempt']}: {a['reason'][:300]}")
     if st.get("resumed_from"):
@@ -306,8 +325,11 @@ def status_text(st: dict[str, Any]) -> str:
     for host, why in (st.get("excluded") or {}).items():
         lines.append(f"excluded {host}: {why}")
     for s in st.get("stragglers") or []:
-        lines.append(f"slow     rank {s.get('rank')} on {s.get('host') or '?'}: {s.get('ratio')}x the others' forward "
-                     f"time per step (attempt {s.get('attempt')}, step {s.get('step')}, {s.get('action')})")
+        what = (f"enters the collectives {s.get('median_s', 0) * 1000:.1f} ms after the first rank, the others "
+                f"{s.get('others_s', 0) * 1000:.1f} ms" if s.get("evidence") == "arrival" else
+                f"{s.get('ratio')}x the others' forward time per step")
+        lines.append(f"slow     rank {s.get('rank')} on {s.get('host') or '?'}: {what} (attempt {s.get('attempt')}, "
+                     f"step {s.get('step')}, {s.get('action')})")
     if st.get("container"):
         c = st["container"]
         ids = sorted({(h.get("image") or {}).get("digest") or (h.get("image") or {}).get("id") or ""

@@ -5,7 +5,9 @@ A rank is hung when no heartbeat arrived for `stall_timeout` seconds after its f
 `startup_timeout` before it (model load), `save_timeout` while it saves a checkpoint. Reading the records
 (files, forwarded lines) is orchestrator.node.heartbeat's job. The same monitor judges stragglers: ranks alive
 and stepping whose own compute per step ("compute_s" in their step records) is slower than the others' by
-health.straggler.factor over health.straggler.window steps (`stragglers`).
+health.straggler.factor over health.straggler.window steps (`stragglers`), and ranks that enter the collectives
+last by the same factor over the same window of collectives ("arrive" on their step records, from their flight
+recorders: `LateArrival`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from typing import Annotated, Any, Iterable
 STRAGGLER_ACTIONS = ("warn", "restart_without")
 MAX_WINDOW = 1000  # the most steps of evidence kept per rank (health.straggler.window is capped by it)
 MAX_LOSSES = 256  # loss points kept per rank for the curve (`loss_curve`: these and the latest)
+ARRIVALS_PENDING = 4096  # collectives whose arrival times wait for their last rank (HealthMonitor._arrive)
+# an arrival lag under this is never named: the ranks' wall clocks (NTP across hosts) agree to about a millisecond
+ARRIVAL_GAP_S = 0.01
 SILENT_LISTED = 16  # a hang's root cause names at most this many other silent ranks (the longest silent)
 
 
@@ -93,6 +98,7 @@ class RankState:
     losses_seen: int = 0
     loss_step: int = 0  # the step of `loss`
     compute: deque = field(default_factory=lambda: deque(maxlen=MAX_WINDOW))  # (step, compute_s) of recent steps
+    lags: deque = field(default_factory=lambda: deque(maxlen=MAX_WINDOW))  # (collective, s after the first rank)
 
     def loss_curve(self) -> list[tuple[int, float]]:
         """(step, loss) over the whole run: the kept points and the latest loss."""
@@ -129,6 +135,23 @@ class Straggler:
 
 
 @dataclass(frozen=True)
+class LateArrival(Straggler):
+    """A rank judged slow by when it enters the collectives (its flight recorder, "arrive" on its step records):
+    its lateness (`lateness`: the mean lag behind the first rank to enter, the largest tenth left out) over the last
+    `window` collectives that every rank entered, against the median of the other ranks' lateness. It names a rank
+    that is slow anywhere in its step (data loading, CPU work outside the model, a host whose CPU is taken), which
+    its forward time does not show."""
+
+    def describe(self) -> str:
+        return (f"rank {self.rank} on {self.host or '?'} is a straggler: it enters the collectives "
+                f"{self.median_s * 1000:.1f} ms after the first rank, the other ranks {self.others_s * 1000:.1f} ms "
+                f"(mean of the last {self.window} collectives, at step {self.step})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(super().to_dict(), evidence="arrival", ratio=round(min(self.ratio, 999.0), 3))
+
+
+@dataclass(frozen=True)
 class Stall:
     rank: int
     host: str
@@ -156,6 +179,16 @@ def median_without(ordered: list[float], value: float) -> float:
     return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
 
 
+def lateness(lags: Iterable[tuple[int, float]]) -> float:
+    """A rank's lateness from its (collective, lag) samples: the mean lag with the largest tenth left out. Not the
+    median: a rank slow once a step is late at one collective of the step and on time at the others (a DDP step's
+    gradient all-reduce, then a loss all-reduce), so its median lag is an on-time one; the largest tenth is left out
+    so that one long pause (a garbage collection) does not name a rank."""
+    vals = sorted(c for _, c in lags)
+    keep = vals[:len(vals) - len(vals) // 10] or vals
+    return sum(keep) / len(keep) if keep else 0.0
+
+
 class HealthMonitor:
     def __init__(self, health: HealthSpec, world_size: int, started: float, ranks: Iterable[int] | None = None):
         """`ranks`: the ranks whose stalls it judges (default all of `world_size`; a node agent's monitor inside a
@@ -171,6 +204,7 @@ class HealthMonitor:
         self.straggler_factor = float(strag.factor)
         self.straggler_window = min(int(strag.window), MAX_WINDOW)
         self.straggler_gap = float(strag.min_gap_s)
+        self.arrivals: dict[int, dict[int, float]] = {}  # collective number -> rank -> when it entered it
 
     def feed(self, rec: dict[str, Any], received: float) -> None:
         try:
@@ -202,11 +236,37 @@ class HealthMonitor:
         if st.event == "boot":  # a (re)started rank: start-up again, whatever an earlier attempt reached
             st.stepped = False
             st.compute.clear()
+            st.lags.clear()
+            self.arrivals.clear()  # (a new process group numbers its collectives from 1 again)
+        arrive = rec.get("arrive")
+        if isinstance(arrive, list):
+            self._arrive(rank, arrive)
         compute = rec.get("compute_s")
         if isinstance(compute, (int, float)) and compute > 0 and isinstance(step, int):
             st.compute.append((step, float(compute)))
         if st.event in ("step", "save_start", "save") and isinstance(step, int) and step > 0:
             st.stepped = True
+
+    def _arrive(self, rank: int, pairs: list) -> None:
+        """Join the ranks' arrival times per collective; once every rank entered one, each rank's lag behind the
+        first to enter it is evidence (bounded: at most ARRIVALS_PENDING collectives wait for their last rank)."""
+        for pair in pairs:
+            try:
+                seq, t = int(pair[0]), float(pair[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            got = self.arrivals.setdefault(seq, {})
+            got[rank] = t
+            if len(got) == self.world_size:
+                first = min(got.values())
+                for r, tr in got.items():
+                    st = self.ranks.get(r)
+                    if st is not None:
+                        st.lags.append((seq, tr - first))
+                del self.arrivals[seq]
+        if len(self.arrivals) > ARRIVALS_PENDING:
+            for seq in sorted(self.arrivals)[:len(self.arrivals) - ARRIVALS_PENDING]:
+                del self.arrivals[seq]
 
     def stalls(self, now: float) -> list[Stall]:
         """Hung ranks, the longest silent first. Ranks that ended are never hung."""
@@ -253,26 +313,33 @@ class HealthMonitor:
         (nothing is said on less), against the median of the OTHER ranks' medians (with 2 ranks: the other one)."""
         from statistics import median  # (imported here: the node agent and the CLI's start need HealthSpec only)
         n = self.straggler_window
-        medians: dict[int, float] = {}
-        for r in range(self.world_size):
-            st = self.ranks.get(r)
-            if st is None or len(st.compute) < n:
-                return []
-            medians[r] = median(c for _, c in st.compute)  # (the deque holds the last window only)
-        out = []
-        ordered = sorted(medians.values())
-        for r, m in medians.items():
-            others = median_without(ordered, m)
-            slower = m > self.straggler_factor * others and m - others >= self.straggler_gap
-            if others > 0 and slower:
-                st = self.ranks[r]
-                out.append(Straggler(r, st.host, m, others, n, st.step))
+        out: list[Straggler] = []
+        for kind, gap in ((Straggler, self.straggler_gap), (LateArrival, max(self.straggler_gap, ARRIVAL_GAP_S))):
+            medians: dict[int, float] = {}
+            for r in range(self.world_size):
+                st = self.ranks.get(r)
+                evidence = None if st is None else st.compute if kind is Straggler else st.lags
+                if st is None or evidence is None or len(evidence) < n:
+                    break
+                medians[r] = median(c for _, c in evidence) if kind is Straggler else lateness(evidence)
+            else:
+                ordered = sorted(medians.values())
+                for r, m in medians.items():
+                    others = median_without(ordered, m)
+                    slower = m > self.straggler_factor * others and m - others >= gap
+                    if slower and (others > 0 or kind is LateArrival) and all(x.rank != r for x in out):
+                        st = self.ranks[r]
+                        out.append(kind(r, st.host, m, others, n, st.step))
         return sorted(out, key=lambda x: -x.ratio)
 
     def evidence(self) -> dict[int, float]:
         """Each rank's median forward seconds per step over its last window (or fewer) steps: status's column."""
         from statistics import median
         return {r: median(c for _, c in st.compute) for r, st in sorted(self.ranks.items()) if st.compute}
+
+    def arrival_evidence(self) -> dict[int, float]:
+        """Each rank's lateness into the collectives (`lateness`), over its last window (or fewer)."""
+        return {r: lateness(st.lags) for r, st in sorted(self.ranks.items()) if st.lags}
 
     def progress(self) -> int:
         """The step every rank has reached (the slowest rank's step)."""

@@ -36,6 +36,7 @@ from orchestrator.node.rundir import EXIT_MARK, AgentRecord, ExitRecord, RunDir,
 MODULE = "orchestrator.node"  # `python -m orchestrator.node RUN_DIR ...` runs `main` below
 HOOKS_DIR = Path(__file__).resolve().parent / "hooks"  # zero-code health hooks for the ranks (sitecustomize)
 EARLIER_CONTAINER_GRACE = 30.0  # seconds an earlier attempt's container gets to end (Agent.end_earlier_container)
+DIAGNOSE_WAIT_S = 5.0  # inside a SLURM allocation: how long the node naming a hang waits for the other nodes' evidence
 
 RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
 EMULATE_FLAG = "--emulate"  # SPEC: ORCHESTRATE_EMULATE for an agent that does not inherit the submitter's env
@@ -582,17 +583,28 @@ class Agent:
         every = float(health.poll_interval)
 
         def run() -> None:
+            kept = False
             while self.proc is not None and self.proc.poll() is None and not self.stopping.is_set():
                 now = time.time()
                 stalls = watch.poll(now)
                 if stalls:
                     mine = marked_ranks(self.token)
                     stopped = {g: pid for g, pid in mine.items() if state(pid) == "T"}
+                    if health.stack_dumps and mine and not kept:  # this node's evidence, once, as its ranks stall
+                        from orchestrator.node.ops import keep_stacks
+                        keep_stacks(self.rd, mine, set(stopped))
+                        kept = True
                     text = watch.verdict(stalls, stopped, now, every)
                     if text is not None:
-                        if health.stack_dumps and mine:
-                            from orchestrator.node.ops import keep_stacks
-                            keep_stacks(self.rd, mine, set(stopped))
+                        if kept:  # the one analysis over every node's evidence (shared run dir), as the supervisor's
+                            from orchestrator.node.hangevidence import diagnose_run
+                            diag = diagnose_run(self.rd, self.plan.world_size, wait_s=DIAGNOSE_WAIT_S,
+                                                since=watch.started)
+                            if diag is not None and diag.culprits:
+                                first = diag.culprits[0]
+                                host = getattr(self.rd.agent(first // max(1, self.plan.procs_per_node)), "host", "")
+                                text = diag.line + (f"; rank {first} runs on {host}" if host else "") + \
+                                    "; RUN_DIR/diagnosis.json"
                         self.hang = text
                         self.stop("hang: " + text)
                         return

@@ -29,18 +29,28 @@ def recorded_agents(run_dir: RunDir | Path, rank: int | None) -> list[tuple[int,
 
 
 def keep_stacks(run_dir: RunDir | Path, pids: dict[int, int], first: set[int] | None = None) -> Path:
-    """py-spy stacks of the given ranks (global rank -> pid) into RUN_DIR/stacks/rank<G>.txt (0600). Ranks in
-    `first` (the stopped ones: the culprit) are dumped first, and retried once when py-spy got nothing."""
+    """The hang evidence of the given ranks (global rank -> pid): their responders asked first
+    (node.hangevidence.collect: recorder entries and stacks, RUN_DIR/hangs/), then py-spy stacks into
+    RUN_DIR/stacks/rank<G>.txt (0600), several ranks at once. Ranks in `first` (the stopped ones: the culprit) are
+    dumped first, and retried once when py-spy got nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchestrator.node.hangevidence import collect
     from orchestrator.node.proctools import dump_stack
     rd = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     rd.mkdir(RunDir.STACKS)
     first = first or set()
-    for g, pid in sorted(pids.items(), key=lambda kv: (kv[0] not in first, kv[0])):
+    nccl_dump(rd, pids)  # (NCCL's recorder writes its dump meanwhile)
+    collect(rd, pids, first)
+
+    def one(g: int, pid: int) -> None:
         text = dump_stack(pid)
         if g in first and "Thread" not in text:
             text = dump_stack(pid) or text
         rd.write_text(f"{RunDir.STACKS}/rank{g}.txt", text)
-    nccl_dump(rd, pids)
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(pids)))) as pool:
+        for _ in pool.map(lambda kv: one(*kv), sorted(pids.items(), key=lambda kv: (kv[0] not in first, kv[0]))):
+            pass
     return rd.stacks
 
 
@@ -93,14 +103,17 @@ def stopped_ranks(run_dir: RunDir | Path, rank: int | None = None) -> tuple[dict
 
 
 def diagnose_node(run_dir: RunDir | Path, rank: int | None, stacks: bool = True) -> int:
-    """Print one JSON line per node: each rank's pid and /proc state (T = stopped), and keep py-spy stacks in
-    RUN_DIR/stacks/. Run on the node (over SSH) when the supervisor sees a hang, before the teardown."""
+    """Print one JSON line per node: each rank's pid and /proc state (T = stopped), and keep the hang evidence
+    (keep_stacks) in RUN_DIR/hangs/ and RUN_DIR/stacks/, also carried in the line ("hangs": node.hangevidence.export).
+    Run on the node (over SSH) when the supervisor sees a hang, before the teardown."""
     for r, info in recorded_agents(run_dir, rank):
         pids = marked_ranks(info.token) if info.token else {}
         ranks = {str(g): {"pid": pid, "state": state(pid)} for g, pid in sorted(pids.items())}
         out = {"node_rank": r, "ranks": ranks}
         if stacks and pids:
+            from orchestrator.node.hangevidence import export
             out["stacks"] = str(keep_stacks(run_dir, pids, {int(g) for g, v in ranks.items() if v["state"] == "T"}))
+            out["hangs"] = export(run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir), pids)
         print(json.dumps(out, sort_keys=True), flush=True)
     return 0
 

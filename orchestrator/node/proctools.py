@@ -158,13 +158,15 @@ def state(pid: int) -> str | None:
 
 
 def dump_stack(pid: int, timeout: float = 20.0) -> str:
-    """A Python stack dump of `pid` with py-spy (non-blocking read; works on stopped processes)."""
+    """A Python stack dump of `pid` with py-spy (non-blocking read; works on stopped processes; full file names,
+    so that the hang analysis tells library frames from the user's)."""
     import shutil
     import subprocess
     import sys
     exe = shutil.which("py-spy") or str(__import__("pathlib").Path(sys.executable).with_name("py-spy"))
     try:
-        r = subprocess.run([exe, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True,
+        r = subprocess.run([exe, "dump", "--pid", str(pid), "--nonblocking", "--full-filenames"], capture_output=True,
+                           text=True,
                            timeout=timeout)
         return r.stdout + r.stderr
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -26,6 +26,12 @@ RUN_DIR/heartbeats/rank<G>.exit      {"pid", "code"}: how rank G left Python's e
 RUN_DIR/stacks/rank<G>.txt           py-spy stacks of a hung job's ranks (node agent / supervisor)
 RUN_DIR/tracking.json                {"mlflow": {"run_id", "experiment_id", "tracking_uri", "t"}}: the job's one
                                      MLflow run, as rank 0 named it (supervisor, from its "tracking" heartbeat)
+RUN_DIR/hangs/ask_rank<G>            named pipe: a byte asks rank G's hang responder for its evidence (the rank's
+                                     start-up hooks make it; orchestrate_hangs)
+RUN_DIR/hangs/rank<G>.json           rank G's hang evidence: flight-recorder entries, thread stacks (the rank)
+RUN_DIR/hangs/rank<G>.status.json    {"pid", "status": answered | stopped | no_answer, "asked"} (node.hangevidence)
+RUN_DIR/diagnosis.json               the hang's analysis (core.hangs): root cause, culprits, the collective, stack
+                                     classes, each rank's last collectives (the supervisor / the SLURM verdict node)
 RUN_DIR/outcome.json                 how the job's last attempt ended, per node, as judged: {"state", "exit_code",
                                      "signal", "root_cause", "by", "t", "nodes": [{"node", "host", "end",
                                      "exit_code", "signal", "note"}], "teardown_at": when the supervisor told the
@@ -182,6 +188,8 @@ class RunDir:
     QUEUE = "queue.json"  # while the job waits for leased hosts / GPUs (QUEUED): what it waits for, since when
     STRAGGLERS = "stragglers.json"  # the supervisor's straggler verdicts and each rank's evidence (core.health)
     RESUMED = "resumed_from.json"  # another job's checkpoint this job began from, as asked (api.check_resume)
+    HANGS = "hangs"  # hang evidence (node.hangevidence; the ranks' responder: hooks/orchestrate_hangs.DIR)
+    DIAGNOSIS = "diagnosis.json"  # the hang's analysis (core.hangs), kept by node.hangevidence.diagnose_run
     OUTCOME = "outcome.json"  # the last attempt's end as judged, per node (supervisor / reconciling status)
     TRACKING = "tracking.json"  # the job's tracker run (MLflow), as rank 0 named it in a "tracking" heartbeat record
 
@@ -205,6 +213,22 @@ class RunDir:
         return f"heartbeats/rank{rank}.jsonl"
 
     # ----------------------------------------------------------------------------------- paths
+    @staticmethod
+    def hang_ask_rel(rank: int) -> str:
+        return f"{RunDir.HANGS}/ask_rank{rank}"
+
+    @staticmethod
+    def hang_evidence_rel(rank: int) -> str:
+        return f"{RunDir.HANGS}/rank{rank}.json"
+
+    @staticmethod
+    def hang_status_rel(rank: int) -> str:
+        return f"{RunDir.HANGS}/rank{rank}.status.json"
+
+    def diagnosis(self) -> dict:
+        data = self._json(self.DIAGNOSIS)
+        return data if isinstance(data, dict) else {}
+
     def path(self, rel: str) -> Path:
         return self.root / rel
 

@@ -32,8 +32,7 @@ EXPECTED = {  # fault -> (end state, returncode, canonical root cause prefix)
                            "node exit code N"),
     "sigkill": ("FAILED", 137, "node N (HOST) failed: rank N (pid N) died of SIGKILL (exit -N) (last heartbeat: "
                                "step); node signal SIGKILL (exit N)"),
-    "sigstop": ("FAILED", 124, "rank N on HOST hung: no heartbeat for Ns during training (limit Ns), last step N "
-                               "(process N is stopped)"),
+    "sigstop": ("FAILED", 124, "hang at OP #N (group N): rank N (process N is stopped)"),  # (core.hangs)
 }
 
 
@@ -41,7 +40,8 @@ def canonical(text: str, hosts: list[str]) -> str:
     for h in sorted(set(hosts), key=len, reverse=True):
         if h:
             text = text.replace(h, "HOST")
-    text = re.split(r" \| |; stacks|; ranks | \(crash", text)[0]
+    text = re.split(r" \| |; stacks|; ranks | \(crash|; rank \d+ is in ", text)[0]
+    text = re.sub(r"^hang at \w+ #", "hang at OP #", text)
     return re.sub(r"\d+", "N", text)
 
 

@@ -125,9 +125,30 @@ def test_users_trainer_script_faults_are_named(backend, fault, tmp_path, request
         # (a hang names the host as the job does: the cluster file's host, SLURM's node; never the machine's own
         # name where the job names it otherwise, as every SSH testbed host would be)
         host1 = hosts[1] or rd.agent(1).host
-        assert res.hung and res.root_cause.startswith(f"rank 1 on {host1} hung: no heartbeat for "), res.root_cause
-        assert f"(process {victim} is stopped)" in res.root_cause, res.root_cause
+        assert res.hung and res.root_cause.startswith("hang at "), res.root_cause  # (core.hangs)
+        assert f"rank 1 (process {victim} is stopped)" in res.root_cause and f"rank 1 runs on {host1}" in \
+            res.root_cause, res.root_cause
         assert took <= STALL + 5, took
+
+
+@pytest.mark.health
+@pytest.mark.parametrize("backend", ["ssh", "slurm"])
+def test_a_trainer_stuck_in_its_data_loader_is_named_with_the_collective(backend, tmp_path, request, job_guard):
+    """Issue #34: the user's HF Trainer script, rank 1's data loader stuck at its 4th batch, over SSH hosts and
+    inside a SLURM allocation (the in-allocation monitor judges): the root cause names rank 1 as never having entered
+    the collective where the job stopped, with where it is stuck; diagnosis.json is kept in the run dir."""
+    launcher, plan, rd, hosts = _user_job(backend, tmp_path, request, job_guard, 100,
+                                          {"stall_timeout": STALL, "startup_timeout": 300, "max_restarts": 0},
+                                          "hang:4", save_on_signal=False)
+    res = jobrun.start(launcher, plan, rd.root).result(400)
+    print(f"{backend}/data loader hang: {res.state}: {res.root_cause[:300]}")
+    assert res.state == "FAILED" and res.hung, res
+    assert res.root_cause.startswith("hang at ") and "rank 1 never entered it; rank 1 is in user_train.py:" in \
+        res.root_cause and "(time.sleep(3600))" in res.root_cause, res.root_cause
+    host1 = hosts[1] or rd.agent(1).host
+    assert f"rank 1 runs on {host1}" in res.root_cause, res.root_cause
+    diag = rd.diagnosis()
+    assert diag["culprits"][0] == 1 and diag["collective"]["op"], diag
 
 
 @pytest.mark.health
@@ -149,8 +170,8 @@ def test_a_loop_without_an_optimizer_is_named_hung_through_beat(tmp_path, reques
     wait_gone(lambda: [p for t in tokens if t for p in marked(t)], 20)
     print(f"beat loop/sigstop: {res.state} after {took:.2f}s: {res.root_cause[:200]}")
     assert res.state == "FAILED" and res.hung, res
-    assert res.root_cause.startswith(f"rank 1 on {hosts[1]} hung: no heartbeat for ") and \
-        f"(process {victim} is stopped)" in res.root_cause, res.root_cause
+    assert res.root_cause.startswith("hang") and f"rank 1 (process {victim} is stopped)" in res.root_cause and \
+        f"rank 1 runs on {hosts[1]}" in res.root_cause, res.root_cause  # (core.hangs)
     assert "ranks 0 also silent" not in res.root_cause, res.root_cause  # rank 0 beats on: only rank 1 is named
     assert took <= STALL + 5, took
 

@@ -201,8 +201,7 @@ def test_sigstopped_rank_is_detected_as_hang_and_torn_down(tmp_path):
     detected = time.monotonic() - t0
     gone = wait_gone(pids, 15) + detected
     assert result.state == "FAILED" and result.hung
-    assert result.root_cause.startswith("rank 1 on localhost hung: no heartbeat for"), result.root_cause
-    assert f"(process {victim} is stopped)" in result.root_cause
+    assert f"rank 1 (process {victim} is stopped)" in result.root_cause, result.root_cause  # (core.hangs)
     stack = (run_dir / "stacks" / "rank1.txt").read_text()
     assert "dist_probe.py" in stack or "Thread" in stack, stack[:500]
     print(f"SIGSTOP -> hang detected and job gone in {gone:.2f}s (stall_timeout 3s)")

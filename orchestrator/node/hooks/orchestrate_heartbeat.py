@@ -21,7 +21,8 @@ their own step numbers and losses in the records: once a script calls it, the op
 Records: one JSON line per event appended to ORCHESTRATE_HEARTBEAT_DIR/rank<G>.jsonl (G = RANK), with exactly
 the contract's fields {"t", "rank", "host", "step", "max_steps", "loss", "tokens", "event"} (+ named extras
 such as "proc_start" on the "boot" mark, and "compute_s" on a step record when the hooks timed the rank's forward:
-the straggler evidence, see `add_compute`). Each write is one os.write of whole lines on an O_APPEND descriptor;
+the straggler evidence, see `add_compute`, and "arrive": when the rank entered the latest collectives, see
+`add_arrivals`). Each write is one os.write of whole lines on an O_APPEND descriptor;
 files are created 0600. A write error never fails a run (one warning on stderr, then the writer goes quiet).
 
 Throttling: "step" records written with `lazy=True` (the optimizer-step hook, `beat`) are buffered and written
@@ -50,6 +51,8 @@ CONTRACT_FIELDS = ("t", "rank", "host", "step", "max_steps", "loss", "tokens", "
 FLUSH_S = float(os.environ.get("ORCHESTRATE_HEARTBEAT_FLUSH_S") or 0.5)
 
 _claims: set[str] = set()
+_arrivals: list = []  # [collective number, seconds] not written yet (add_arrivals)
+ARRIVALS_KEPT = 256
 _compute = [0.0]  # seconds this rank spent in its model's own forward since the last step record (add_compute)
 _default: "Writer | None" = None
 _hook: "Writer | None" = None
@@ -78,6 +81,14 @@ def add_compute(seconds: float) -> None:
     """Count `seconds` of this rank's own compute (its model's forward, timed by the hooks): the next step record
     carries the sum as "compute_s", the straggler evidence (orchestrator.core.health)."""
     _compute[0] += seconds
+
+
+def add_arrivals(pairs: list) -> None:
+    """[[collective number, seconds], ...]: when this rank entered the default group's collectives (its flight
+    recorder, read by orchestrate_hangs' sampler thread): the next step record carries them as "arrive", the
+    evidence of who enters each collective last (orchestrator.core.health)."""
+    _arrivals.extend(pairs)  # (list.extend and the swap in write() are each atomic under the GIL)
+    del _arrivals[:-ARRIVALS_KEPT]
 
 
 def _take_compute() -> float | None:
@@ -133,6 +144,9 @@ class Writer:
             compute = _take_compute()
             if compute is not None:
                 extra["compute_s"] = compute
+            if _arrivals:
+                extra["arrive"] = _arrivals[:]
+                del _arrivals[:len(extra["arrive"])]
         if extra:
             rec = {"t": time.time(), "rank": self.rank, "host": self.host, "step": int(step),
                    "max_steps": int(max_steps or 0), "loss": None if loss is None else float(loss),

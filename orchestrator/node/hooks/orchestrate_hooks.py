@@ -24,6 +24,8 @@
   * `mlflow` -> rank 0's top-level `mlflow.start_run()` resumes the job's run (orchestrate_tracking.on_mlflow).
 A plain loop gets no signal handler: SIGTERM/SIGUSR2 keep their default action (the process ends), since nothing
 could save its state.
+- turns torch's flight recorder on and starts the rank's hang responder (orchestrate_hangs: asked by the node
+  agent on a hang, it writes the rank's recorder entries and thread stacks, even while the main thread is blocked);
 - registers `_at_exit` at start-up, before the user's code, so it runs after every atexit handler the script and its
   libraries register:
   * writes the rank's exit record, ORCHESTRATE_HEARTBEAT_DIR/rank<G>.exit: {"pid", "code"}, where code is 1 after an
@@ -599,6 +601,18 @@ def _process_start_time() -> float | None:
         return None
 
 
+def _hang_responder() -> None:
+    """The flight recorder on and the rank's hang responder started (orchestrate_hangs)."""
+    try:
+        try:
+            import orchestrate_hangs as hangs
+        except ImportError:
+            from orchestrator.node.hooks import orchestrate_hangs as hangs
+        hangs.start()
+    except Exception as e:  # noqa: BLE001 - never break the user's run
+        _warn(f"no hang evidence in this rank: {type(e).__name__}: {e}")
+
+
 def install() -> None:
     global _installed
     if _installed:
@@ -612,6 +626,7 @@ def install() -> None:
         hb.mark("boot", proc_start=_process_start_time())
     tracking.defaults()
     orchestrate_world.on_cpu_cluster()  # accelerate's state on a CPU cluster: the whole world, not one process
+    _hang_responder()
     finder = _PostImportFinder(HOOKS)
     for name, hook in list(HOOKS.items()):
         if name in sys.modules:  # installed late (tests): hook what is already there
