@@ -186,7 +186,7 @@ def test_cli_piped_is_the_plain_text_and_json_is_unchanged(home):
     st = json.loads(_cli(home, "status", "sft-1", "--json", "--color", "always").stdout)
     assert set(st) == {"job", "state", "backend", "handle", "cluster", "nodes", "ranks", "restarts", "exit_code",
                        "exit_signal", "root_cause", "run_dir", "created", "updated", "fetched", "container", "excluded",
-                       "stragglers", "attempts", "resumed_from", "queue", "tracking"}
+                       "stragglers", "attempts", "resumed_from", "queue", "tracking", "diagnosis"}
     assert set(st["nodes"][0]) == {"node", "host", "ranks", "end", "exit_code", "signal", "note", "stop_reason",
                                    "outputs"}
     assert set(st["ranks"][0]) == {"rank", "host", "step", "max_steps", "loss", "tokens", "event", "heartbeat_age_s",
