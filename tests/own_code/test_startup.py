@@ -44,8 +44,8 @@ def test_active_in_a_rank_stdlib_only_and_boot_mark(tmp_path):
     # no torch, no transformers, not even the orchestrator package: the hooks directory is self-contained (its
     # modules only register their package names as aliases of themselves)
     loaded = [m for m in out["modules"] if not m.startswith("orchestrator.node.hooks.")]
-    assert loaded == ["orchestrate_heartbeat", "orchestrate_hooks", "orchestrate_tracking", "orchestrate_world",
-                      "sitecustomize"], out
+    assert loaded == ["orchestrate_hangs", "orchestrate_heartbeat", "orchestrate_hooks", "orchestrate_tracking",
+                      "orchestrate_world", "sitecustomize"], out
     assert out["env"]["ORCHESTRATE_HOOKS_PID"].isdigit() and not out["stderr"]
     assert sorted(os.listdir(hb)) == ["rank1.exit", "rank1.jsonl"]
     assert stat.S_IMODE(os.stat(hb / "rank1.jsonl").st_mode) == 0o600
