@@ -36,6 +36,8 @@ from orchestrator.node.rundir import EXIT_MARK, AgentRecord, ExitRecord, RunDir,
 MODULE = "orchestrator.node"  # `python -m orchestrator.node RUN_DIR ...` runs `main` below
 HOOKS_DIR = Path(__file__).resolve().parent / "hooks"  # zero-code health hooks for the ranks (sitecustomize)
 EARLIER_CONTAINER_GRACE = 30.0  # seconds an earlier attempt's container gets to end (Agent.end_earlier_container)
+CONTAINER_DAEMONS = ("podman", "docker")  # runtimes whose `run` ends with the container's code (128+N: killed by N)
+KILLED_CONTAINER_WAIT_S = 1.0  # a rank of one died unseen: how long its `podman run` gets to say how, before our KILL
 DIAGNOSE_WAIT_S = 5.0  # inside a SLURM allocation: how long the node naming a hang waits for the other nodes' evidence
 
 RANK_ENV = ("SLURM_NODEID", "ORCHESTRATE_NODE_RANK")
@@ -515,6 +517,10 @@ class Agent:
             self.rank_death = death
             self.stop_reason = death.describe()
             self.stopping.set()
+            if death.status is None and self.container_runtime() in CONTAINER_DAEMONS:
+                # a rank of a container reaped there (its status unknown here): `podman kill` of the container ends
+                # its `podman run` with 128+N within moments; that code (read in wait) says how, ours would hide it
+                self.launch_done.wait(KILLED_CONTAINER_WAIT_S)
             os.write(2, f"orchestrate node agent: {death.describe()}; stopping node {self.rank} now\n".encode())
             signal_group(self.proc.pid, signal.SIGKILL)
             known = self.known_ranks()
@@ -633,6 +639,7 @@ class Agent:
         hb = getattr(self, "_hb_thread", None)
         if hb is not None:
             hb.join(timeout=2)
+        self.rank_death = self.container_killed(rc) or self.rank_death
         sig = -rc if rc < 0 else None
         code = 128 + sig if sig else rc
         hang = getattr(self, "hang", "")
@@ -658,6 +665,28 @@ class Agent:
         # A node whose ranks all saved a checkpoint on a preemption signal and stopped has done its job:
         # exit 0, so `srun --kill-on-bad-exit` does not kill other nodes still saving.
         return 0 if preempted else code
+
+    def container_runtime(self) -> str:
+        return self.plan.container.runtime if self.plan.container is not None else ""
+
+    def container_killed(self, rc: int):
+        """The node's podman/docker container killed from outside (`podman kill`): its `podman run` (the launch) ended
+        by itself with 128+N while a rank's own status was unknown, or before any rank was seen to die. The rank's
+        death with that signal, naming the container; else None."""
+        death = self.rank_death
+        if self.container_runtime() not in CONTAINER_DAEMONS or not 128 < rc < 128 + 65:
+            return None
+        if death is None and (self.stop_reason or self.stopping.is_set()):
+            return None  # (we stopped it: its code is our own signal's)
+        if death is not None and death.status is not None:
+            return None
+        import dataclasses
+        from orchestrator.core.container import container_name
+        from orchestrator.node.rankwatch import RankDeath
+        if death is None:
+            rank = min(self.plan.node(self.rank).ranks)
+            death = RankDeath(rank, (self.watch.pids.get(rank, 0) if self.watch is not None else 0), None, None)
+        return dataclasses.replace(death, status=-(rc - 128), container=container_name(self.plan.job_id, self.rank))
 
     def ranks_preempted(self) -> bool:
         """True when every rank of this node's last heartbeat says it stopped after a preemption save."""

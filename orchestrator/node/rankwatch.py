@@ -35,6 +35,7 @@ class RankDeath:
     pid: int
     status: int | None  # -N: killed by signal N; else the exit code; None: reaped before we could read it
     last_event: str | None
+    container: str = ""  # the node's container, when it was killed from outside (`podman kill`): status is its signal
 
     def describe(self) -> str:
         import signal as _signal
@@ -48,7 +49,9 @@ class RankDeath:
             how = f"died of {name} (exit {self.status})"
         else:
             how = f"exited with code {self.status} (exit {self.status})"
-        return f"rank {self.rank} (pid {self.pid}) {how} before finishing (last heartbeat: {self.last_event or 'none'})"
+        killed = f": its container {self.container} was killed" if self.container else ""
+        return (f"rank {self.rank} (pid {self.pid}) {how} before finishing{killed} (last heartbeat: "
+                f"{self.last_event or 'none'})")
 
     @property
     def exit_code(self) -> int:

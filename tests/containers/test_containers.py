@@ -109,8 +109,10 @@ def test_training_runs_in_the_container_and_leaves_nothing(what, podman_cluster,
     wait_gone(lambda: job_pids(rd.root), 10)
 
 
-@pytest.mark.parametrize("how", ["sigkill_submitter", "cancel"])
+@pytest.mark.parametrize("how", ["sigkill_submitter", "cancel", "podman_kill"])
 def test_killed_submitter_or_cancel_leaves_no_container(how, podman_cluster, tmp_path, job_guard):
+    """...nor `podman kill` of a node's container, whose cause names that container and the signal (#37 item 18:
+    it was "rank 1 exited (status unknown)", exit 1)."""
     cluster = podman_cluster(f"{tmp_path}:{tmp_path}")
     proc, job = _submit(job_guard, tmp_path, ["recipes/configs/sft_tiny.yaml", "--nodes", "2", "--cluster",
                                               str(cluster), "trainer.max_steps=100000",
@@ -125,6 +127,15 @@ def test_killed_submitter_or_cancel_leaves_no_container(how, podman_cluster, tmp
         c = cli("cancel", job, timeout=90)
         assert c.returncode == 0 and "CANCELLED" in c.stdout, c.stdout + c.stderr
         proc.wait(60)
+    elif how == "podman_kill":
+        from orchestrator.core.container import container_name
+        name = container_name(job, 1)
+        k = subprocess.run(["podman", "kill", name], capture_output=True, text=True, timeout=60)
+        assert k.returncode == 0, k.stderr
+        proc.wait(90)
+        st = json.loads(cli("status", job, "--json").stdout)
+        assert st["state"] == "FAILED" and f"its container {name} was killed" in st["root_cause"], st["root_cause"]
+        assert "SIGKILL" in st["root_cause"] and st["exit_code"] == 137, (st["exit_code"], st["root_cause"])
     else:
         proc.kill()
         proc.wait(10)
