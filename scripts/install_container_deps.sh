@@ -5,28 +5,9 @@
 # Idempotent: a second run only checks. Needs root (or sudo) for apt and /etc.
 set -euo pipefail
 
-want=(podman runc)
-missing=()
-for pkg in "${want[@]}"; do
-    if dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
-        echo "present: $pkg"
-    else
-        missing+=("$pkg")
-    fi
-done
+bash "$(dirname "$0")/apt_install.sh" podman runc
 SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; else
-        echo "install_container_deps: need root" >&2; exit 1; fi
-fi
-if [ "${#missing[@]}" -gt 0 ]; then
-    echo "installing: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null | head -n 1)" ]; then
-        $SUDO apt-get update -q >/dev/null
-    fi
-    $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
-fi
+[ "$(id -u)" -eq 0 ] || SUDO="sudo -n"
 conf=/etc/containers/containers.conf
 mark="# orchestrate test machine (scripts/install_container_deps.sh)"
 if [ ! -f "$conf" ]; then
