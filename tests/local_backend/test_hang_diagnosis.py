@@ -116,6 +116,9 @@ def test_a_rank_stopped_in_short_bursts_is_named_by_the_share_of_the_wait(tmp_pa
     st = st_of(m.group(1))
     assert [(s["rank"], s["evidence"], s.get("measure")) for s in st["stragglers"]] == [(1, "arrival", "wait_share")], \
         st["stragglers"]
-    assert st["stragglers"][0]["step"] <= 600, st["stragglers"]  # (the sampler reads the recorders every 2 s)
+    assert st["stragglers"][0]["step"] <= 900, st["stragglers"]  # (bench: by step 65-407; recorders read every 2 s)
     assert re.search(r"orchestrate: rank 1 on localhost is a straggler: the other ranks wait for it alone [\d.]+ % of "
                      r"the time", text), text[-3000:]
+    view = run([PYTHON, "-m", "orchestrator.cli", "status", m.group(1)], env={**os.environ, "PYTHONPATH": str(REPO)},
+               timeout=60).stdout
+    assert "slow     rank 1 on localhost: the others wait for it alone " in view, view
