@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from heapq import nlargest
 from dataclasses import dataclass, field
+from heapq import nlargest
 from typing import Annotated, Any, Iterable
 
 STRAGGLER_ACTIONS = ("warn", "restart_without")
