@@ -11,12 +11,15 @@
    under torchrun (2 ranks, gloo, the hooks on PYTHONPATH as a launch puts them), alternating on/off runs (the
    recorder's buffer is fixed when the process group is made: it cannot be toggled inside one run), --pairs pairs;
    per pair the relative difference of the training loop's time (rank 0), median and spread.
-3. stragglers: rank 1 slow in its data path vs an even run, --runs each: who is named, by which evidence.
+3. stragglers: rank 1 slow in its data path vs an even run, and rank 1 of a compute-bound plain loop
+   (tests/own_code/train_plain.py 1200) under a SIGSTOP / SIGCONT duty cycle (stopped 20 ms of every 40 ms,
+   tests/badnodes.Throttler) vs the same loop even, --runs each (--straggler-modes): who is named, by which evidence.
 4. analysis: core.hangs.diagnose over 1,024 x 8 ranks' synthetic evidence (57 collectives each, one culprit, one
    desync), median of 3.
 
     .venv/bin/python bench/bench_hangs.py [--repo DIR] [--runs 5] [--modes sleep,lock,busy,stop,desync]
-        [--pairs 8] [--steps 3000] [--skip accuracy,overhead,analysis,stragglers] [--out bench/results/hangs.json]
+        [--pairs 8] [--steps 3000] [--skip accuracy,overhead,analysis,stragglers]
+        [--straggler-modes slow,even,duty,even_plain] [--out bench/results/hangs.json]
 """
 
 from __future__ import annotations
@@ -85,35 +88,57 @@ def accuracy(repo: Path, runs: int, modes: list[str]) -> dict:
     return {"repo": str(repo), "summary": summary, "runs": out}
 
 
-def stragglers(repo: Path, runs: int) -> dict:
-    """Rank 1 slow in its data path (0.05 s a step more, train_misbehave.py `slow`) vs an even run (`even`), --runs
-    each, 90 steps, window 20, factor 1.3: which ranks are named (stragglers.json) and by which evidence."""
-    out: dict = {"slow": [], "even": []}
+def stragglers(repo: Path, runs: int, modes: tuple[str, ...] = ("slow", "even", "duty", "even_plain")) -> dict:
+    """Rank 1 slow in its data path (0.05 s a step more, train_misbehave.py `slow`, 90 steps) vs an even run (`even`),
+    and rank 1 of train_plain.py (1200 steps, compute-bound) under a SIGSTOP duty cycle (`duty`) vs the same loop even
+    (`even_plain`), --runs each, interleaved, window 20, factor 1.3: which ranks are named (stragglers.json) and by
+    which evidence."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from badnodes import Throttler, job_ids, ranks_of
+    out: dict = {m: [] for m in modes}
     home = Path(tempfile.mkdtemp(prefix="bench-hangs-home-"))
     for i in range(runs):
-        for mode in ("slow", "even"):
+        for mode in modes:
+            plain = mode in ("duty", "even_plain")
             with tempfile.TemporaryDirectory() as d:
-                shutil.copy(REPO / "tests" / "own_code" / "train_misbehave.py", Path(d) / "train.py")
-                (Path(d) / "job.yaml").write_text(f"run: {{script: train.py, args: ['90', '1', '2', '{mode}']}}\n"
+                shutil.copy(REPO / "tests" / "own_code" / ("train_plain.py" if plain else "train_misbehave.py"),
+                            Path(d) / "train.py")
+                args = "['1200']" if plain else f"['90', '1', '2', '{mode}']"
+                (Path(d) / "job.yaml").write_text(f"run: {{script: train.py, args: {args}}}\n"
                                                   "health: {stall_timeout: 60, startup_timeout: 120, "
                                                   "straggler: {window: 20, factor: 1.3}}\n")
                 env = {**os.environ, "PYTHONPATH": str(repo), "ORCHESTRATE_HOME": str(home)}
-                r = subprocess.run([PY, "-m", "orchestrator.cli", "submit", "job.yaml", "--nodes", "2",
-                                    "--procs-per-node", "2"], cwd=d, env=env, capture_output=True, text=True,
-                                   timeout=400)
+                before = set(job_ids(home))
+                throttle = Throttler(lambda seen=before: next((ranks_of(j).get(1) for j in job_ids(home)
+                                                               if j not in seen), None),
+                                     stop_s=0.02, period_s=0.04) if mode == "duty" else None
+                try:
+                    r = subprocess.run([PY, "-m", "orchestrator.cli", "submit", "job.yaml", "--nodes", "2",
+                                        "--procs-per-node", "2"], cwd=d, env=env, capture_output=True, text=True,
+                                       timeout=400)
+                finally:
+                    if throttle:
+                        throttle.stop()
             m = re.search(r"^job (\S+) (COMPLETED|FAILED|CANCELLED)", r.stdout + r.stderr, re.MULTILINE)
-            named = []
+            named, data = [], {}
             if m:
                 p = home / "runs" / m.group(1) / "stragglers.json"
                 data = json.loads(p.read_text()) if p.exists() else {}
-                named = [(s.get("rank"), s.get("evidence", "forward"), s.get("step")) for s in data.get("named") or []]
-            out[mode].append({"state": m.group(2) if m else None, "named": named})
-            print(f"  {mode} run {i}: {m.group(2) if m else '?'} named {named}", flush=True)
+                named = [(s.get("rank"), s.get("measure") or s.get("evidence", "forward"), s.get("step"),
+                          s.get("median_s")) for s in data.get("named") or []]
+            out[mode].append({"state": m.group(2) if m else None, "named": named,  # (the evidence at the end:)
+                              "wait_share": data.get("wait_share") if m else None})
+            print(f"  {mode} run {i}: {m.group(2) if m else '?'} named {named} wait share {data.get('wait_share')}",
+                  flush=True)
     shutil.rmtree(home, ignore_errors=True)
-    return {"repo": str(repo), "runs": out,
-            "slow_named_rank1": sum(any(n[0] == 1 for n in x["named"]) for x in out["slow"]),
-            "slow_named_other": sum(any(n[0] != 1 for n in x["named"]) for x in out["slow"]),
-            "even_named_anyone": sum(bool(x["named"]) for x in out["even"]), "n": runs}
+    res: dict = {"repo": str(repo), "runs": out, "n": runs}
+    for mode, rows in out.items():
+        if mode.startswith("even"):
+            res[f"{mode}_named_anyone"] = sum(bool(x["named"]) for x in rows)
+        else:
+            res[f"{mode}_named_rank1"] = sum(any(n[0] == 1 for n in x["named"]) for x in rows)
+            res[f"{mode}_named_other"] = sum(any(n[0] != 1 for n in x["named"]) for x in rows)
+    return res
 
 
 def overhead(pairs: int, steps: int) -> dict:
@@ -205,6 +230,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--skip", default="")
+    ap.add_argument("--straggler-modes", default="slow,even,duty,even_plain")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "hangs.json"))
     a = ap.parse_args()
     skip = set(a.skip.split(","))
@@ -219,7 +245,7 @@ def main() -> None:
         res["overhead"] = overhead(a.pairs, a.steps)
         print("overhead:", json.dumps({k: v for k, v in res["overhead"].items() if k != "pairs"}), flush=True)
     if "stragglers" not in skip:
-        res["stragglers"] = stragglers(Path(a.repo), a.runs)
+        res["stragglers"] = stragglers(Path(a.repo), a.runs, tuple(a.straggler_modes.split(",")))
         print("stragglers:", json.dumps({k: v for k, v in res["stragglers"].items() if k != "runs"}), flush=True)
     if "accuracy" not in skip:
         res["accuracy"] = accuracy(Path(a.repo), a.runs, a.modes.split(","))

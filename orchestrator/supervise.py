@@ -264,7 +264,8 @@ class StragglerLog:
             return
         self.data.update(evidence={str(r): round(v, 6) for r, v in evidence.items()}, t=now,
                          window=monitor.straggler_window, factor=monitor.straggler_factor,
-                         arrival={str(r): round(v, 6) for r, v in monitor.arrival_evidence().items()})
+                         arrival={str(r): round(v, 6) for r, v in monitor.arrival_evidence().items()},
+                         wait_share={str(r): round(v, 4) for r, v in sorted(monitor.hold_shares().items())})
         try:
             self.rd.write_json(RunDir.STRAGGLERS, self.data)
         except OSError:

@@ -325,7 +325,9 @@ def status_text(st: dict[str, Any]) -> str:
     for host, why in (st.get("excluded") or {}).items():
         lines.append(f"excluded {host}: {why}")
     for s in st.get("stragglers") or []:
-        what = (f"enters the collectives {s.get('median_s', 0) * 1000:.1f} ms after the first rank, the others "
+        what = (f"the others wait for it alone {s.get('median_s', 0) * 100:.1f} % of the time, for the others "
+                f"{s.get('others_s', 0) * 100:.1f} %" if s.get("measure") == "wait_share" else
+                f"enters the collectives {s.get('median_s', 0) * 1000:.1f} ms after the first rank, the others "
                 f"{s.get('others_s', 0) * 1000:.1f} ms" if s.get("evidence") == "arrival" else
                 f"{s.get('ratio')}x the others' forward time per step")
         lines.append(f"slow     rank {s.get('rank')} on {s.get('host') or '?'}: {what} (attempt {s.get('attempt')}, "

@@ -7,7 +7,7 @@ A rank is hung when no heartbeat arrived for `stall_timeout` seconds after its f
 and stepping whose own compute per step ("compute_s" in their step records) is slower than the others' by
 health.straggler.factor over health.straggler.window steps (`stragglers`), and ranks that enter the collectives
 last by the same factor over the same window of collectives ("arrive" on their step records, from their flight
-recorders: `LateArrival`).
+recorders: `LateArrival`, by their mean lag, and `HoldsUp`, by the share of the time the others wait for them alone).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from heapq import nlargest
 from typing import Annotated, Any, Iterable
 
 STRAGGLER_ACTIONS = ("warn", "restart_without")
@@ -23,6 +24,9 @@ MAX_LOSSES = 256  # loss points kept per rank for the curve (`loss_curve`: these
 ARRIVALS_PENDING = 4096  # collectives whose arrival times wait for their last rank (HealthMonitor._arrive)
 # an arrival lag under this is never named: the ranks' wall clocks (NTP across hosts) agree to about a millisecond
 ARRIVAL_GAP_S = 0.01
+# a rank that holds the others up (enters a collective ARRIVAL_GAP_S or more after all of them) is named only when that
+# waiting is at least this share of the job's time more than the other ranks' (`HoldsUp`)
+HOLD_SHARE = 0.03
 SILENT_LISTED = 16  # a hang's root cause names at most this many other silent ranks (the longest silent)
 
 
@@ -152,6 +156,24 @@ class LateArrival(Straggler):
 
 
 @dataclass(frozen=True)
+class HoldsUp(LateArrival):
+    """A rank judged slow by the share of the job's time that the other ranks spend waiting for it alone (`share`,
+    in `median_s`: the sum of its margins over the second-last rank to enter, on the collectives it entered
+    ARRIVAL_GAP_S or more after every other rank, its largest tenth left out, over the time those collectives span),
+    against the median of the other ranks' shares. It names a rank stopped or slowed in short bursts (a host whose
+    CPU is taken half the time) whose lateness falls on few collectives, which its mean lag dilutes."""
+
+    def describe(self) -> str:
+        return (f"rank {self.rank} on {self.host or '?'} is a straggler: the other ranks wait for it alone "
+                f"{self.median_s * 100:.1f} % of the time, for the others {self.others_s * 100:.1f} % (it enters "
+                f"collectives {ARRIVAL_GAP_S * 1000:.0f} ms or more after every other rank; the last {self.window} "
+                f"collectives, at step {self.step})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(super().to_dict(), measure="wait_share")
+
+
+@dataclass(frozen=True)
 class Stall:
     rank: int
     host: str
@@ -205,6 +227,9 @@ class HealthMonitor:
         self.straggler_window = min(int(strag.window), MAX_WINDOW)
         self.straggler_gap = float(strag.min_gap_s)
         self.arrivals: dict[int, dict[int, float]] = {}  # collective number -> rank -> when it entered it
+        # the collectives every rank entered: (number, when the first rank entered it, the last rank, its margin over
+        # the second-last): the evidence of `hold_shares`
+        self.joined: deque[tuple[int, float, int, float]] = deque(maxlen=MAX_WINDOW)
 
     def feed(self, rec: dict[str, Any], received: float) -> None:
         try:
@@ -238,6 +263,7 @@ class HealthMonitor:
             st.compute.clear()
             st.lags.clear()
             self.arrivals.clear()  # (a new process group numbers its collectives from 1 again)
+            self.joined.clear()
         arrive = rec.get("arrive")
         if isinstance(arrive, list):
             self._arrive(rank, arrive)
@@ -263,10 +289,34 @@ class HealthMonitor:
                     st = self.ranks.get(r)
                     if st is not None:
                         st.lags.append((seq, tr - first))
+                if len(got) > 1:
+                    t_last, t_next = nlargest(2, got.values())  # (C-speed passes: 0.6 ms at 8,192 ranks)
+                    self.joined.append((seq, first, max(got, key=got.__getitem__), t_last - t_next))
                 del self.arrivals[seq]
         if len(self.arrivals) > ARRIVALS_PENDING:
             for seq in sorted(self.arrivals)[:len(self.arrivals) - ARRIVALS_PENDING]:
                 del self.arrivals[seq]
+
+    def hold_shares(self) -> dict[int, float]:
+        """Each rank's share of the time the others wait for it alone, over the last MAX_WINDOW (or fewer) collectives
+        every rank entered: the sum of its margins over the second-last rank to enter, on the collectives it entered
+        ARRIVAL_GAP_S or more after every other rank (hosts' clocks agree to about a millisecond), with its largest
+        tenth of them (at least one) left out so that one pause never names a rank, over the time from each of those
+        collectives' predecessor to it, summed (the recorder is read every 2 s: a fast loop's collectives may be
+        sampled, not all seen)."""
+        rows = sorted(self.joined)
+        span = 0.0
+        held: dict[int, list[float]] = {r: [] for r in self.ranks}
+        for (seq0, t0, _, _), (seq, t, last, margin) in zip(rows, rows[1:], strict=False):
+            if seq == seq0 + 1:
+                span += t - t0
+                if margin >= ARRIVAL_GAP_S:
+                    held.setdefault(last, []).append(margin)
+        out = {}
+        for r, margins in held.items():
+            margins.sort()
+            out[r] = sum(margins[:len(margins) - max(1, len(margins) // 10)]) / span if span > 0 else 0.0
+        return out
 
     def stalls(self, now: float) -> list[Stall]:
         """Hung ranks, the longest silent first. Ranks that ended are never hung."""
@@ -314,22 +364,25 @@ class HealthMonitor:
         from statistics import median  # (imported here: the node agent and the CLI's start need HealthSpec only)
         n = self.straggler_window
         out: list[Straggler] = []
-        for kind, gap in ((Straggler, self.straggler_gap), (LateArrival, max(self.straggler_gap, ARRIVAL_GAP_S))):
+        shares = self.hold_shares() if len(self.joined) >= n else {}
+        for kind, gap in ((Straggler, self.straggler_gap), (LateArrival, max(self.straggler_gap, ARRIVAL_GAP_S)),
+                          (HoldsUp, HOLD_SHARE)):
             medians: dict[int, float] = {}
             for r in range(self.world_size):
                 st = self.ranks.get(r)
                 evidence = None if st is None else st.compute if kind is Straggler else st.lags
-                if st is None or evidence is None or len(evidence) < n:
+                if st is None or evidence is None or len(evidence) < n or (kind is HoldsUp and r not in shares):
                     break
-                medians[r] = median(c for _, c in evidence) if kind is Straggler else lateness(evidence)
+                medians[r] = median(c for _, c in evidence) if kind is Straggler else \
+                    shares[r] if kind is HoldsUp else lateness(evidence)
             else:
                 ordered = sorted(medians.values())
                 for r, m in medians.items():
                     others = median_without(ordered, m)
                     slower = m > self.straggler_factor * others and m - others >= gap
-                    if slower and (others > 0 or kind is LateArrival) and all(x.rank != r for x in out):
+                    if slower and (others > 0 or kind is not Straggler) and all(x.rank != r for x in out):
                         st = self.ranks[r]
-                        out.append(kind(r, st.host, m, others, n, st.step))
+                        out.append(kind(r, st.host, m, others, len(self.joined) if kind is HoldsUp else n, st.step))
         return sorted(out, key=lambda x: -x.ratio)
 
     def evidence(self) -> dict[int, float]:

@@ -18,6 +18,7 @@ from helpers import OFFLINE_ENV, PYTHON, run
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "own_code" / "train_misbehave.py"
+PLAIN = REPO / "tests" / "own_code" / "train_plain.py"  # (compute-bound: STEPS, the other arguments ignored)
 
 pytestmark = [pytest.mark.slow, pytest.mark.health]
 
@@ -36,8 +37,8 @@ CASES = {  # mode -> (the misbehaving rank, what the root cause says of it)
 
 
 def submit_misbehaving(tmp_path: Path, mode: str, rank: int, step: int = 12, steps: int = 400,
-                       health: str = "", stall: float = 4) -> tuple[int, str]:
-    shutil.copy(SCRIPT, tmp_path / "train.py")
+                       health: str = "", stall: float = 4, script: Path = SCRIPT) -> tuple[int, str]:
+    shutil.copy(script, tmp_path / "train.py")
     (tmp_path / "job.yaml").write_text(f"run: {{script: train.py, args: ['{steps}', '{rank}', '{step}', '{mode}']}}\n"
                                        f"health: {{stall_timeout: {stall}, startup_timeout: 120{health}}}\n")
     r = run([PYTHON, "-m", "orchestrator.cli", "submit", "job.yaml", "--nodes", "2", "--procs-per-node", "2"],
@@ -93,3 +94,31 @@ def test_a_rank_slow_outside_its_forward_is_named_by_arrival(tmp_path, job_guard
     assert named == [1] and st["stragglers"][0]["evidence"] == "arrival", st["stragglers"]
     assert re.search(r"orchestrate: rank 1 on localhost is a straggler: it enters the collectives [\d.]+ ms after the "
                      r"first rank", text), text[-3000:]
+
+
+def test_a_rank_stopped_in_short_bursts_is_named_by_the_share_of_the_wait(tmp_path, job_guard, monkeypatch):
+    """Rank 1's process stopped 20 ms of every 40 ms (SIGSTOP / SIGCONT, never long enough to look hung) in a plain
+    compute-bound gloo loop (no sleep, so a stop is rarely hidden in one): it is late at some collectives only, by the
+    length of a stop, and named by the share of the time the others wait for it alone; the others are not named."""
+    from badnodes import Throttler, job_ids, ranks_of
+    home = tmp_path / "home"
+    monkeypatch.setenv("ORCHESTRATE_HOME", str(home))
+    job_guard.home(home)
+    throttle = Throttler(lambda: ranks_of(job_ids(home)[-1]).get(1) if job_ids(home) else None, stop_s=0.02,
+                         period_s=0.04)
+    try:
+        rc, text = submit_misbehaving(tmp_path, "even", 1, steps=1200, stall=60, script=PLAIN,
+                                      health=", straggler: {window: 20, factor: 1.3}")
+    finally:
+        throttle.stop()
+    m = re.search(r"^job (\S+) COMPLETED", text, re.MULTILINE)
+    assert rc == 0 and m and throttle.cycles > 20, (throttle.cycles, text[-4000:])
+    st = st_of(m.group(1))
+    assert [(s["rank"], s["evidence"], s.get("measure")) for s in st["stragglers"]] == [(1, "arrival", "wait_share")], \
+        st["stragglers"]
+    assert st["stragglers"][0]["step"] <= 900, st["stragglers"]  # (bench: by step 65-407; recorders read every 2 s)
+    assert re.search(r"orchestrate: rank 1 on localhost is a straggler: the other ranks wait for it alone [\d.]+ % of "
+                     r"the time", text), text[-3000:]
+    view = run([PYTHON, "-m", "orchestrator.cli", "status", m.group(1)], env={**os.environ, "PYTHONPATH": str(REPO)},
+               timeout=60).stdout
+    assert "slow     rank 1 on localhost: the others wait for it alone " in view, view
