@@ -89,7 +89,7 @@ def test_a_bad_point_is_named_and_nothing_is_submitted(tmp_path, job_guard):
             "'fast'") in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
     assert not (home / "runs").exists() or not list((home / "runs").iterdir())
-    for bad, message in ((["--sweep", "trainer.seed"], "--sweep trainer.seed: must be KEY=V1,V2,..."),
+    for bad, message in ((["--sweep", "trainer.seed"], "--sweep trainer.seed: must be one of KEY=a,b,c | KEY=[a,b,c]"),
                          (["--sweep", "trainer.seed=1,,2"], "an empty value"),
                          (["--sweep", "trainer.seed=1", "--sweep", "trainer.seed=2"], "trainer.seed is swept twice"),
                          (["--max-parallel", "2"], "--max-parallel: only with --sweep"),
