@@ -360,6 +360,9 @@ def _output_failed(sup, e: OSError) -> None:
             pass
 
 
+READER_GONE_AFTER_S = 1.0  # a closed reader is acted on this long after it is seen (a SIGHUP with it goes first)
+
+
 def _watch_output_reader(sup) -> None:
     """stdout a pipe (a sweep's runner reads each point's submit through one): the reader's end closing (the runner
     SIGKILLed) is seen at once (POLLERR on the write end), as a failed write would see it, not at the next write: a
@@ -367,6 +370,7 @@ def _watch_output_reader(sup) -> None:
     import select
     import stat
     import threading
+    import time
     try:
         if not stat.S_ISFIFO(os.fstat(1).st_mode):
             return
@@ -380,7 +384,8 @@ def _watch_output_reader(sup) -> None:
         while not events & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
             for _fd, ev in poll.poll():
                 events |= ev
-        if not sup.cancel.is_set() and not events & select.POLLNVAL:
+        time.sleep(READER_GONE_AFTER_S)  # (a terminal's hang-up closes the reader and sends SIGHUP: that is the cause)
+        if not sup.cancel.is_set() and not sup.detach.is_set() and not events & select.POLLNVAL:
             _output_failed(sup, BrokenPipeError(errno.EPIPE, "Broken pipe"))
     threading.Thread(target=run, daemon=True, name="output-reader").start()
 

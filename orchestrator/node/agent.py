@@ -742,7 +742,7 @@ def take_lease(request: dict):
     return take([Lock.from_list(x) for x in request["locks"]], who, str(request["host"]))
 
 
-PORT_WAIT_S = 60.0  # a main port still open after its lease's last holder ended: waited for (QUEUED) this long
+PORT_WAIT_S = 60.0  # a main port still open after a lease holder that named no process ended: waited (QUEUED) this long
 PROBE_WORDS = ("release", "retry")  # a probing agent's control lines: {"release": true}, {"retry": true}
 
 
@@ -818,10 +818,14 @@ def main(argv: list[str] | None = None) -> int:
             # the lease first: a host that another job leases has its main port in use by that job, which is no
             # problem of this host (it waits, QUEUED): the port is checked once this job holds the lease
             res = probe_spec(dict(spec, port=0) if busy else spec)
-            last = (lease.previous or {}).get("job") if lease is not None else None
+            before = (lease.previous or {}) if lease is not None else {}
+            last = before.get("job")
             if lease is not None and res.pop("port_busy", False) and last and last != spec["lease"].get("job") and \
+                    not before.get("procs") and \
                     time.monotonic() - (port_busy_since := port_busy_since or time.monotonic()) < PORT_WAIT_S:
-                # the lease's last holder just ended, its port is not closed yet: still its (QUEUED), not a bad host
+                # the lease's last holder ended before it named its launch (Held.note), whose port is still open: its
+                # launch may live on unnamed, so still its (QUEUED), not a bad host. A holder that named its processes
+                # is gone with them (`outlived`): a port open then is someone else's, refused as on any host
                 busy = {"host": spec["lease"]["host"], "lock": "port", "holder": lease.previous,
                         "what": f"main port {spec['port']} of host {spec['lease']['host']} (still in use)"}
                 res["problems"] = [p for p in res["problems"] if not p.startswith("main port ")]
