@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 import orchestrator
-from helpers import OFFLINE_ENV, PYTHON, cli, job_pids, live, looping_job, supervisor_pid, wait_gone, wait_until
+from helpers import (OFFLINE_ENV, PYTHON, cli, job_pids, live, looping_job, spawn, supervisor_pid, wait_gone,
+                     wait_until)
 
 REPO = Path(__file__).resolve().parents[2]
 SFT = REPO / "recipes/configs/sft_tiny.yaml"  # (only rendered here)
@@ -125,11 +126,14 @@ def test_a_two_node_job_from_python_status_logs_result_and_the_cli_agrees(tmp_pa
 def _interrupt_a_wait(job_id: str) -> str:
     """A Python process that waits for the job, interrupted by Ctrl-C (SIGINT): what it printed."""
     code = ("import orchestrator\ntry:\n"
-            f"    orchestrator.Job.attach({job_id!r}).wait()\n"
+            f"    job = orchestrator.Job.attach({job_id!r})\n"
+            "    print('WAITING', flush=True)\n"
+            "    job.wait()\n"
             "except KeyboardInterrupt:\n    print('INTERRUPTED', flush=True)\n")
-    p = subprocess.Popen([PYTHON, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO,
-                         env={**os.environ, **OFFLINE_ENV})
-    time.sleep(2)  # (it is waiting: the job runs forever)
+    # (spawn: SIGINT at its default in the child whatever pytest inherited, e.g. ignored under a background CI run)
+    p = spawn([PYTHON, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **OFFLINE_ENV})
+    assert p.stdout is not None and p.stdout.readline().strip() == "WAITING"
+    time.sleep(0.5)  # (in its wait: the job runs forever)
     p.send_signal(signal.SIGINT)
     return p.communicate(timeout=30)[0]
 
