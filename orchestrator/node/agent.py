@@ -742,7 +742,6 @@ def take_lease(request: dict):
     return take([Lock.from_list(x) for x in request["locks"]], who, str(request["host"]))
 
 
-PORT_WAIT_S = 60.0  # a main port still open after a lease holder that named no process ended: waited (QUEUED) this long
 PROBE_WORDS = ("release", "retry")  # a probing agent's control lines: {"release": true}, {"retry": true}
 
 
@@ -806,7 +805,6 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(0o077)  # everything the agent and its launch create in the run dir is owner-only
     lease = None  # the host's / GPUs' lease (core.leases): held by this process until it ends
     go: dict[str, str] | None = None  # the probe's go line (its secrets), read while it waited for it
-    port_busy_since: float | None = None  # the main port found still open after the lease's last holder, since
     if args.probe is not None:
         from orchestrator.core.leases import EXIT_BUSY
         from orchestrator.node.probe import PROBE_MARK, probe_spec
@@ -818,19 +816,8 @@ def main(argv: list[str] | None = None) -> int:
             # the lease first: a host that another job leases has its main port in use by that job, which is no
             # problem of this host (it waits, QUEUED): the port is checked once this job holds the lease
             res = probe_spec(dict(spec, port=0) if busy else spec)
-            before = (lease.previous or {}) if lease is not None else {}
-            last = before.get("job")
-            if lease is not None and res.pop("port_busy", False) and last and last != spec["lease"].get("job") and \
-                    not before.get("procs") and \
-                    time.monotonic() - (port_busy_since := port_busy_since or time.monotonic()) < PORT_WAIT_S:
-                # the lease's last holder ended before it named its launch (Held.note), whose port is still open: its
-                # launch may live on unnamed, so still its (QUEUED), not a bad host. A holder that named its processes
-                # is gone with them (`outlived`): a port open then is someone else's, refused as on any host
-                busy = {"host": spec["lease"]["host"], "lock": "port", "holder": lease.previous,
-                        "what": f"main port {spec['port']} of host {spec['lease']['host']} (still in use)"}
-                res["problems"] = [p for p in res["problems"] if not p.startswith("main port ")]
-                lease.release()
-                lease = None
+            # (a main port open once this job holds the lease is not its last holder's: a holder's lease lives until
+            # the last process it named is gone, node.lease.outlived; it is refused as on any host)
             if spec.get("lease"):
                 res["busy"] = busy
             print(PROBE_MARK + json.dumps(res), flush=True)

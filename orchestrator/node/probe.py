@@ -65,7 +65,6 @@ def probe(workdir: str, port: int = 0, check_file: str = "", *, ifname: str | No
             s.bind(("", port))
         except OSError as e:
             r["problems"].append(f"main port {port} is in use on the main node ({e.strerror or e})")
-            r["port_busy"] = True  # (a leasing agent asks who had the host last: agent.main)
         finally:
             s.close()
     if check_file and not os.path.isfile(check_file):

@@ -262,27 +262,3 @@ def test_a_lease_lives_on_while_a_process_its_holder_named_lives(lease_dir):
     assert json.loads((lease_dir / "host-h.lock").read_text())["job"] == "j-new"
     got.release()
 
-
-def test_a_probe_finding_the_main_port_of_the_last_holder_still_open_waits(lease_dir, tmp_path):
-    """The lease just came free but its last holder's rendezvous port is not closed yet: the probing agent reports
-    the host busy (the job stays QUEUED), not a broken host ("main port ... is in use")."""
-    import socket
-    lease_dir.mkdir(mode=0o1777)
-    (lease_dir / "host-h.lock").write_text(json.dumps(holder("j-old", "bob@elsewhere", 1, time.time(), "x")) + "\n")
-    s = socket.socket()
-    s.bind(("", 0))
-    s.listen()
-    port = s.getsockname()[1]
-    spec = {"workdir": str(tmp_path / "wd"), "port": port,
-            "lease": {"host": "h", "locks": [lk.to_list() for lk in node_locks("h", None)], "job": "j-new"}}
-    try:
-        p = subprocess.run([sys.executable, "-m", "orchestrator.node", str(tmp_path / "run"), "--probe",
-                            json.dumps(spec)], stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=REPO,
-                           env=dict(os.environ, ORCHESTRATE_LEASE_DIR=str(lease_dir), PYTHONPATH=str(REPO)),
-                           timeout=60)
-    finally:
-        s.close()
-    res = json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("ORCHESTRATE_PROBE "))
-                     .split(" ", 1)[1])
-    assert res["problems"] == [] and p.returncode == EXIT_BUSY, (res, p.stderr)
-    assert busy_text(res["busy"]).startswith(f"main port {port} of host h (still in use) is leased by job j-old"), res
