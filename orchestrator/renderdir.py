@@ -33,11 +33,10 @@ def _listing(out: Path) -> list[str]:
     return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() or p.is_symlink())
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+def _read(out: Path, name: str) -> dict[str, Any]:
+    """A JSON file of the render (a run dir's shape), read through RunDir; {} when absent or not an object."""
+    from orchestrator.node.rundir import RunDir
+    data = RunDir(out).read_json(name)
     return data if isinstance(data, dict) else {}
 
 
@@ -51,14 +50,14 @@ def to_remove(out: Path, job_name: str, force: bool = False) -> list[str]:
     files = _listing(out)
     if not files:
         return []
-    manifest = _read(out / MANIFEST)
+    manifest = _read(out, MANIFEST)
     listed = manifest.get("files") if isinstance(manifest.get("files"), list) else None
     own = (set(map(str, listed)) | {MANIFEST}) & set(files) if listed is not None else \
         {f for f in files if OWN.match(f) or f == MANIFEST}
     others = [f for f in files if f not in own]
     if force:
         return sorted(own)
-    plan = manifest or _read(out / "plan.json")
+    plan = manifest or _read(out, "plan.json")
     old_id, old_name = plan.get("job_id"), plan.get("job") or plan.get("recipe_name")
     if listed is not None and old_name == job_name and not others:
         return sorted(own)  # the same job rendered again: replaced, nothing of the earlier render left
