@@ -51,6 +51,22 @@ def _submit_args(tmp_path: Path, *extra: str) -> list[str]:
             f"trainer.output_dir={tmp_path / 'out'}", *extra]
 
 
+def _attached(tmp_path: Path, env: dict[str, str], *extra: str) -> subprocess.Popen:
+    """An attached `orchestrate submit --sweep ...` in a session of its own, its output on a pipe."""
+    return subprocess.Popen([*CLI, *_submit_args(tmp_path, *extra)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _read_until(proc: subprocess.Popen, until) -> tuple[list[str], str]:
+    """The runner's lines up to the first that `until` accepts, and the sweep id they printed."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if until(line):
+            break
+    return lines, re.search(r"^sweep (sweep-\S+): \d+ point", "".join(lines), re.M).group(1)
+
+
 def _sacct(array: str) -> list[dict[str, str]]:
     r = subprocess.run(["sacct", "-X", "-n", "-P", "-j", array, "-o", "JobID,State,Start,End,NodeList"],
                        capture_output=True, text=True, timeout=30)
@@ -128,18 +144,10 @@ def test_cancel_of_a_slurm_sweep_scancels_the_array(slurm_cluster, tmp_path):
     ours), the runner exits 130, nothing is left on the nodes."""
     bin_dir, _ = _sbatch_shim(tmp_path)
     env = _env(tmp_path, bin_dir)
-    proc = subprocess.Popen([*CLI, *_submit_args(tmp_path, "trainer.max_steps=100000", "--sweep",
-                                                 "trainer.seed=1,2,3", "--max-parallel", "1")],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = _attached(tmp_path, env, "trainer.max_steps=100000", "--sweep", "trainer.seed=1,2,3", "--max-parallel", "1")
     array = None
     try:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if "progress: step" in line or "loss" in line:
-                break
-        sid = re.search(r"^sweep (sweep-\S+): \d+ point", "".join(lines), re.M).group(1)
+        lines, sid = _read_until(proc, lambda line: "progress: step" in line or "loss" in line)
         doc = json.loads((tmp_path / "home" / "sweeps" / f"{sid}.json").read_text())
         array = doc["slurm_array"]
         c = subprocess.run([*CLI, "cancel", sid], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
@@ -167,18 +175,10 @@ def test_an_attached_sweep_survives_its_terminal_hanging_up_and_attach_follows_i
     runner's output moves to the sweep's log, `attach SWEEP_ID` follows it to the end, every point COMPLETED."""
     bin_dir, _ = _sbatch_shim(tmp_path)
     env = _env(tmp_path, bin_dir)
-    proc = subprocess.Popen([*CLI, *_submit_args(tmp_path, "trainer.max_steps=4", "--sweep", "trainer.seed=1,2",
-                                                 "--max-parallel", "2")],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = _attached(tmp_path, env, "trainer.max_steps=4", "--sweep", "trainer.seed=1,2", "--max-parallel", "2")
     array = None
     try:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if "SLURM array job" in line:
-                break
-        sid = re.search(r"^sweep (sweep-\S+): \d+ point", "".join(lines), re.M).group(1)
+        lines, sid = _read_until(proc, lambda line: "SLURM array job" in line)
         array = json.loads((tmp_path / "home" / "sweeps" / f"{sid}.json").read_text())["slurm_array"]
         os.kill(proc.pid, signal.SIGHUP)
         att = subprocess.run([*CLI, "attach", sid], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
