@@ -157,11 +157,14 @@ def node_end(e: NodeEnded, torn_down_at: float | None, root: NodeEnded | None, h
     if rec is not None and rec.stop_reason and torn_down_at is not None and \
             (stopped_by_us(e, torn_down_at) or not failed(e)):
         return ("hung" if e.node == hang_node else "stopped"), rec.stop_reason
-    if rec is not None and rec.stop_reason and not rec.rank_death and root is not None and root.record is not None \
-            and rec.time and root.record.time and rec.time >= root.record.time:
-        # told to stop after the cause's node had ended, no rank of its own died: the scheduler's teardown (SLURM's
-        # --kill-on-bad-exit), which can come seconds before the supervisor hears of any end (at the job's end)
-        return "stopped", rec.stop_reason
+    if rec is not None and (rec.stop_reason or rec.signal == signal.SIGTERM) and not rec.rank_death \
+            and root is not None and root.record is not None and rec.time and root.record.time \
+            and rec.time >= root.record.time:
+        # told to stop (or its launch TERMed from outside) after the cause's node had ended, no rank of its own died:
+        # the scheduler's teardown (SLURM's --kill-on-bad-exit), which can come seconds before the supervisor hears
+        # of any end (at the job's end). It TERMs every process of the step at once: the launch may die of it before
+        # its agent's own TERM arrives, and the agent then leaves no stop reason.
+        return "stopped", rec.stop_reason or "SIGTERM from outside (the scheduler's teardown)"
     if failed(e):
         return "failed", (rec.rank_death if rec and rec.rank_death else e.lost or "")
     if rec is not None and rec.preempted:

@@ -58,4 +58,5 @@ def test_16_slurm_nodes_x_8_emulated_ranks_one_killed_launcher_fails_the_job_and
     assert out["root_cause"].startswith(f"node {seen['victim']} "), out["root_cause"]
     ends = {n["node"]: n for n in out["nodes"]}
     assert len(ends) == NODES and ends[seen["victim"]]["end"] == "failed", ends
-    assert all(n["end"] == "stopped" for r, n in ends.items() if r != seen["victim"]), ends
+    brief = {r: (n["end"], n.get("exit_code"), n.get("note")) for r, n in ends.items() if n["end"] != "stopped"}
+    assert all(n["end"] == "stopped" for r, n in ends.items() if r != seen["victim"]), brief

@@ -106,6 +106,14 @@ def test_nodes_the_scheduler_stopped_after_the_cause_are_stopped_not_failed():
     early = {0: node(0, 143, 99.0, "signal SIGTERM"), 1: node(1, 137, 100.0)}  # told to stop BEFORE the failure
     assert [n.end for n in judge(early, torn_down_at=104.0, hang=None, cancel=None).nodes] == ["failed", "failed"]
 
+    # the step's TERM reached the launch before its agent's own TERM: no stop reason, the launch died of SIGTERM
+    def termed(r: int, t: float) -> NodeEnded:
+        return NodeEnded(r, f"node{r + 1}", 143, "", ExitRecord(returncode=143, time=t, signal=15))
+    r = judge({0: termed(0, 100.3), 1: node(1, 137, 100.0)}, torn_down_at=104.0, hang=None, cancel=None)
+    assert r.root_cause.startswith("node 1 "), r.root_cause
+    assert [(n.end, n.note) for n in r.nodes] == [("stopped", "SIGTERM from outside (the scheduler's teardown)"),
+                                                  ("failed", "")], r.nodes
+
 
 # ------------------------------------------------------------------------------------------------ RestartPolicy
 
