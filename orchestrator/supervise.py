@@ -34,6 +34,7 @@ from orchestrator.types import JobResult, JobState, NodeExit
 
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)", re.MULTILINE)
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
+_RUNS_ON = re.compile(r"; rank \d+ runs on ([^;\s]+)")  # a node agent's hang text: where its first culprit runs
 _EXC = re.compile(r"^(?:\[rank(\d+)\]:\s*)?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)"
                   r"(?::.*)?)$", re.MULTILINE)
 _LAUNCHER_NOISE = ("ChildFailedError", "SignalException")
@@ -195,6 +196,9 @@ def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str |
         hang = node_hangs[0]
         hang_host = next((e.host for e in ends.values() if e.record and e.record.hang == hang and
                           "is stopped" in hang), "")
+        if not hang_host:  # the analysis named a culprit rank (one that never entered the collective): its host
+            m = _RUNS_ON.search(hang)
+            hang_host = m.group(1) if m else ""
     if hang:
         return JobResult(JobState.FAILED, 124, hang, nodes_of(hung_on=hang_node), max_step, hung=True,
                          culprit_host=hang_host,

@@ -90,6 +90,12 @@ def test_a_failure_names_its_host_and_how():
     r = judge({0: ended(0, "a", 124)}, torn_down_at=1.0, hang="rank 1 on b hung", cancel=None, hang_host="b")
     assert (r.hung, r.culprit_host, r.culprit_kind) == (True, "b", "hang")
     assert judge({0: ended(0, "a", 0)}, torn_down_at=None, hang=None, cancel=None).culprit_host == ""
+    # SLURM: a node agent's own verdict; the analysis named rank 3, which runs on b (not stopped: no "is stopped")
+    text = ("hang at all_reduce #5 (group 0): rank 3 never entered it; rank 3 is in train.py:4 in load; 3 ranks wait "
+            "in all_reduce #5; rank 3 runs on b; RUN_DIR/diagnosis.json")
+    hung = NodeEnded(0, "a", 124, "", ExitRecord(returncode=124, time=1.0, hang=text, stop_reason="hang: " + text))
+    r = judge({0: hung, 1: ended(1, "b", 143)}, torn_down_at=None, hang=None, cancel=None)
+    assert (r.hung, r.culprit_host, r.culprit_kind) == (True, "b", "hang"), r
 
 
 def test_nodes_the_scheduler_stopped_after_the_cause_are_stopped_not_failed():
