@@ -7,12 +7,14 @@ ones; `jobs` limits it to those ids (unique prefixes accepted). Every other job 
 still supervised, kept as FAILED, or that could not be cleaned everywhere are listed under `kept` with why.
 
 What goes, per job: its run dir (ORCHESTRATE_HOME/runs/<job>, or slurm.workdir/runs/<job> on the shared filesystem),
-its detached supervisor's log, and last its store record. Then each sweep none of whose points is left in the store
-(and whose runner is gone): its record, log, plot and SLURM array folder (`sweep_items`). For an SSH job without a
-shared filesystem, first each host's WORKDIR/runs/<job> and the staging cache trees and blobs that no other run dir
-on that host names (the host side is orchestrator/node/hostgc.py, sent over SSH as source, so it runs where
-orchestrate is not installed). Output dirs only with `outputs` (the local one, and on SSH hosts
-WORKDIR/outputs/<key>), and only when no kept job of this store (or, on a host, no other run dir) uses the same one.
+its detached supervisor's log, the job file the Python API wrote for a job given as a mapping
+(ORCHESTRATE_HOME/jobs/<digest>/, when no kept job names it), and last its store record. Then each sweep none of
+whose points is left in the store (and whose runner is gone): its record, log, plot and SLURM array folder
+(`sweep_items`). For an SSH job without a shared filesystem, first each host's WORKDIR/runs/<job> and the staging
+cache trees and blobs that no other run dir on that host names (the host side is orchestrator/node/hostgc.py, sent
+over SSH as source, so it runs where orchestrate is not installed). Output dirs only with `outputs` (the local one,
+and on SSH hosts WORKDIR/outputs/<key>), and only when no kept job of this store (or, on a host, no other run dir)
+uses the same one.
 A job whose hosts could not all be cleaned keeps its run
 dir and record (they say where its hosts are), so the next gc finishes it.
 
@@ -283,6 +285,7 @@ def gc(older_than_s: float, keep_failed: bool = False, jobs: tuple[str, ...] = (
     removed = {r.id for r in chosen}
     store = JobStore()
     kept_outputs = set()
+    kept_files = {rec.recipe for rec in store.list(None) if rec.id not in removed}  # (job files still named)
     if outputs:
         for rec in store.list(None):
             if rec.id not in removed and (out := local_output_dir(rec)):
@@ -294,7 +297,7 @@ def gc(older_than_s: float, keep_failed: bool = False, jobs: tuple[str, ...] = (
         if live_supervisor(rec.id) is not None:  # (started again since it was selected: never)
             report.kept[rec.id] = "its supervisor still runs"
             continue
-        items = _local_items(rec, outputs, kept_outputs)
+        items = _local_items(rec, outputs, kept_outputs, kept_files)
         ok = True
         for item in items:
             if not dry_run:
@@ -365,9 +368,13 @@ def groups_jobs(groups: dict, host: str, wd: str) -> list[str]:
     return [j for hosts in groups.values() for j in hosts.get(host, {}).get(wd, [])]
 
 
-def _local_items(rec, outputs: bool, kept_outputs: set[str]) -> list[Freed]:
+def _local_items(rec, outputs: bool, kept_outputs: set[str], kept_files: set[str]) -> list[Freed]:
     from orchestrator.store import home
     items = []
+    job_file = Path(rec.recipe)  # a job given to the Python API as a mapping: ORCHESTRATE_HOME/jobs/<digest>/<name>
+    if job_file.parent.parent == home() / "jobs" and job_file.is_file() and rec.recipe not in kept_files:
+        kept_files.add(rec.recipe)  # (listed once, with the first job that names it)
+        items.append(Freed(rec.id, "local", "job file", str(job_file.parent), du(job_file.parent)))
     run_dir = Path(rec.run_dir)
     if run_dir.name == rec.id and run_dir.is_dir() and not run_dir.is_symlink():  # (a record naming another dir:
         items.append(Freed(rec.id, "local", "run dir", str(run_dir), du(run_dir)))  # never removed)

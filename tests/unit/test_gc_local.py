@@ -216,3 +216,28 @@ def test_a_sweep_goes_with_its_last_point_and_not_before(tmp_path, supervisor):
     real = json.loads(_cli(home, "--older-than", "1d", "--json").stdout)
     assert {(i["job"], i["what"], i["path"]) for i in real["items"] if i["job"] == sid} == swept
     assert not (sweeps / f"{sid}.json").exists() and not array.exists() and not (sweeps / f"{sid}.log").exists()
+
+
+def test_a_job_file_the_api_wrote_goes_with_the_last_job_that_names_it(tmp_path):
+    """orchestrator.submit({...}) writes the mapping to ORCHESTRATE_HOME/jobs/<digest>/<name>.yaml (client.job_file):
+    gc removes that folder with the last job naming it, never while a kept job still does."""
+    home = tmp_path / "home"
+    files = {}
+    for digest in ("aaaa", "bbbb"):
+        files[digest] = home / "jobs" / digest / "job.yaml"
+        files[digest].parent.mkdir(parents=True)
+        files[digest].write_text("recipe: sft\n")
+    store = JobStore(home / "jobs.db")
+    for job, digest, age in (("old-a", "aaaa", 2 * DAY), ("old-b", "bbbb", 2 * DAY), ("new-b", "bbbb", 60)):
+        _job(home, job, "COMPLETED", age)
+        with sqlite3.connect(home / "jobs.db") as c:
+            c.execute("UPDATE jobs SET recipe=? WHERE id=?", (str(files[digest]), job))
+    assert store.get("old-a").recipe == str(files["aaaa"])
+    r = _cli(home, "--older-than", "1d", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert sorted(out["jobs"]) == ["old-a", "old-b"], out
+    assert ("old-a", "job file", str(files["aaaa"].parent)) in {(i["job"], i["what"], i["path"]) for i in out["items"]}
+    assert not files["aaaa"].parent.exists() and files["bbbb"].is_file()  # (new-b still names bbbb's)
+    r = _cli(home, "--older-than", "0s", "--json")
+    assert r.returncode == 0 and not files["bbbb"].parent.exists(), r.stdout
