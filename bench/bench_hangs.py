@@ -7,18 +7,25 @@
    when the first rank its root cause names (`rank N`) is the misbehaving one. Also the seconds from the
    misbehaviour (the rank's own print) to the teardown (outcome.json teardown_at), and where kept, the evidence's
    collection time (asked -> diagnosis.json).
-2. overhead: the flight recorder + responder on vs off (ORCHESTRATE_HANG_EVIDENCE=0), tests/own_code/train_plain.py
-   under torchrun (2 ranks, gloo, the hooks on PYTHONPATH as a launch puts them), alternating on/off runs (the
-   recorder's buffer is fixed when the process group is made: it cannot be toggled inside one run), --pairs pairs;
-   per pair the relative difference of the training loop's time (rank 0), median and spread.
+2. overhead (issue #34 item 1: "paired, blocks inside a run"). torch's flight recorder is on by default (2000
+   entries; orchestrate sizes it to 256) and fixed when the process group is made; the responder waits in open()
+   of its FIFO (no CPU); the arrival sampler reads the recorder every 2 s. So: (a) in one run of a 2-rank gloo DDP
+   loop (a ~2 ms step: the worst case), the sampler is switched on and off in ABBA blocks of --block steps, rank 0
+   times each block, and each block's reads are self-timed (the slowest rank's); --block-runs runs; per adjacent
+   pair the relative difference (median, mean, standard error) and the reads' share of the block; (b) the recorder's
+   own cost per collective: a one-process gloo group, TORCH_FR_BUFFER_SIZE 0 / 256 / unset, rotating, --record-rounds
+   rounds; with (a)'s collectives per step and step time, its share of the step.
 3. stragglers: rank 1 slow in its data path vs an even run, and rank 1 of a compute-bound plain loop
    (tests/own_code/train_plain.py 1200) under a SIGSTOP / SIGCONT duty cycle (stopped 20 ms of every 40 ms,
    tests/badnodes.Throttler) vs the same loop even, --runs each (--straggler-modes): who is named, by which evidence.
 4. analysis: core.hangs.diagnose over 1,024 x 8 ranks' synthetic evidence (57 collectives each, one culprit, one
    desync), median of 3.
+5. collection at scale: the submit host's side of a hang over SSH hosts without a shared filesystem at --nodes x 8
+   ranks (every node's `--diagnose` answer, a real responder's evidence per rank, absorbed; then load + analysis).
 
     .venv/bin/python bench/bench_hangs.py [--repo DIR] [--runs 5] [--modes sleep,lock,busy,stop,desync]
-        [--pairs 8] [--steps 3000] [--skip accuracy,overhead,analysis,stragglers]
+        [--block 3000] [--blocks 16] [--block-runs 3] [--record-rounds 9] [--nodes 1024]
+        [--skip accuracy,overhead,analysis,stragglers,sampler,collection]
         [--straggler-modes slow,even,duty,even_plain] [--out bench/results/hangs.json]
 """
 
@@ -141,28 +148,139 @@ def stragglers(repo: Path, runs: int, modes: tuple[str, ...] = ("slow", "even", 
     return res
 
 
-def overhead(pairs: int, steps: int) -> dict:
+BLOCKS = """
+import json, os, sys, time
+import torch, torch.distributed as dist
+import orchestrate_hangs  # (the hooks' own module: sitecustomize started its threads)
+width, block, blocks, warm = (int(x) for x in sys.argv[1:5])
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+gen = torch.Generator().manual_seed(dist.get_rank())
+def steps(n):
+    for _ in range(n):
+        x = torch.randn(16, 32, generator=gen)
+        loss = (ddp(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+steps(warm)
+seq0 = orchestrate_hangs._fr()[0].get("entries", [{}])[-1].get("collective_seq_id", 0)
+rows = []
+for b in range(blocks):
+    on = (b % 4) in (0, 3)  # ABBA: on off off on ...
+    (orchestrate_hangs.SAMPLING.set if on else orchestrate_hangs.SAMPLING.clear)()
+    dist.barrier()
+    read0 = orchestrate_hangs.STATS["read_s"]
+    t0 = time.perf_counter()
+    steps(block)
+    took = time.perf_counter() - t0
+    mine = torch.tensor([orchestrate_hangs.STATS["read_s"] - read0])
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the rank whose reads took longest: what the others wait for
+    rows.append([on, took, mine.item()])
+seq1 = orchestrate_hangs._fr()[0].get("entries", [{}])[-1].get("collective_seq_id", 0)
+if dist.get_rank() == 0:
+    sys.stdout.write("BLOCKS " + json.dumps({"rows": rows, "collectives": seq1 - seq0,
+                                             "steps": blocks * block}) + "\\n")
+dist.destroy_process_group()
+"""
+
+
+def blocks_in_a_run(width: int, block: int, blocks: int, runs: int, every: float = 0.0) -> dict:
+    """The hang evidence's cost inside one run (issue #34 item 1): torch's flight recorder is on by default (2000
+    entries; orchestrate sizes it to BUFFER) and fixed when the process group is made; the responder waits in open()
+    of its FIFO (no CPU); the arrival sampler reads the recorder every ARRIVAL_S s. So the sampler is what is switched,
+    in ABBA blocks of `block` steps of a 2-rank gloo DDP loop (rank 0 times each block), with ARRIVAL_S 2 s as
+    shipped (`every` > 0: the sampler reads every `every` s instead: its cost amplified ARRIVAL_S / every times, to be
+    seen above the noise). Per adjacent on/off pair the relative difference; median and spread over every pair."""
     from orchestrator.node.hooks import HOOKS_DIR
-    script = REPO / "tests" / "own_code" / "train_plain.py"
-    rows = []
-    for i in range(pairs):
-        pair = {}
-        for on in ((True, False) if i % 2 == 0 else (False, True)):
-            with tempfile.TemporaryDirectory() as d:
-                env = {**os.environ, "PYTHONPATH": HOOKS_DIR, "ORCHESTRATE_HEARTBEAT_DIR": d,
-                       "ORCHESTRATE_RUN_DIR": d, "OMP_NUM_THREADS": "1",
-                       "ORCHESTRATE_HANG_EVIDENCE": "1" if on else "0"}
-                r = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                                    str(29700 + i), str(script), str(steps)], env=env, capture_output=True, text=True,
-                                   timeout=600)
-                res = [json.loads(x.split(" ", 1)[1]) for x in r.stdout.splitlines() if x.startswith("PLAIN_RESULT")]
-                pair[on] = next(x["loop_s"] for x in res if x["rank"] == 0)
-        rel = (pair[True] - pair[False]) / pair[False]
-        rows.append({"on_s": round(pair[True], 3), "off_s": round(pair[False], 3), "rel": round(rel, 4)})
-        print(f"  pair {i}: on {pair[True]:.3f}s off {pair[False]:.3f}s ({rel * 100:+.2f} %)", flush=True)
-    rels = sorted(r["rel"] for r in rows)
-    return {"steps": steps, "pairs": rows, "median_rel": round(statistics.median(rels), 4),
-            "min_rel": rels[0], "max_rel": rels[-1]}
+    from orchestrator.node.hooks.orchestrate_hangs import ARRIVAL_S
+    rels, step_ms, per_step, shares = [], [], [], []
+    for i in range(runs):
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "blocks.py").write_text(BLOCKS)
+            (Path(d) / "hb").mkdir()
+            env = {**os.environ, "PYTHONPATH": HOOKS_DIR, "ORCHESTRATE_HEARTBEAT_DIR": str(Path(d) / "hb"),
+                   "ORCHESTRATE_RUN_DIR": d, "OMP_NUM_THREADS": "1"}
+            if every:
+                env["ORCHESTRATE_ARRIVAL_S"] = str(every)
+            r = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                                str(29760 + i), str(Path(d) / "blocks.py"), str(width), str(block), str(blocks),
+                                str(block)], env=env, capture_output=True, text=True, timeout=1200)
+        line = next((x for x in r.stdout.splitlines() if x.startswith("BLOCKS ")), None)
+        if line is None:
+            raise SystemExit(f"blocks run failed:\n{r.stdout[-2000:]}\n{r.stderr[:3000]}")
+        res = json.loads(line.split(" ", 1)[1])
+        rows = res["rows"]
+        for k in range(0, len(rows) - 1, 2):  # (on, off), (off, on), ...: each adjacent pair once
+            t = {on: s for on, s, _ in rows[k:k + 2]}
+            rels.append((t[True] - t[False]) / t[False])
+        shares.extend(read / s for on, s, read in rows if on)
+        step_ms.append(statistics.median(s for _, s, _ in rows) / block * 1000)
+        per_step.append(res["collectives"] / res["steps"])
+        print(f"  run {i}: step {step_ms[-1]:.2f} ms, {per_step[-1]:.2f} collectives/step, pairs "
+              + " ".join(f"{x * 100:+.1f}%" for x in rels[-(len(rows) // 2):]), flush=True)
+    rels.sort()
+    q = len(rels) // 4
+    return {"width": width, "arrival_s": every or ARRIVAL_S, "block_steps": block, "blocks_per_run": blocks,
+            "runs": runs, "pairs": len(rels),
+            "step_ms": round(statistics.median(step_ms), 3),
+            "collectives_per_step": round(statistics.median(per_step), 3),
+            "median_rel": round(statistics.median(rels), 4), "mean_rel": round(statistics.fmean(rels), 4),
+            "sem_rel": round(statistics.stdev(rels) / len(rels) ** 0.5, 4),
+            "self_timed_share": {"median": round(statistics.median(shares), 5), "max": round(max(shares), 5)},
+            "q1_rel": round(rels[q], 4), "q3_rel": round(rels[-q - 1], 4),
+            "min_rel": round(rels[0], 4), "max_rel": round(rels[-1], 4)}
+
+
+RECORD = """
+import json, sys, time
+import torch, torch.distributed as dist
+n, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+t = torch.ones(4)
+for _ in range(500):
+    dist.all_reduce(t)
+t0 = time.perf_counter()
+for _ in range(n):
+    dist.all_reduce(t)
+sys.stdout.write("RECORD " + json.dumps({"us": (time.perf_counter() - t0) / n * 1e6}) + "\\n")
+dist.destroy_process_group()
+"""
+
+
+def recorder_cost(rounds: int, n: int) -> dict:
+    """What torch's flight recorder costs each collective: a one-process gloo group (no peer to wait for, so the
+    recorder's own cost is not lost in the noise of a 2-process round trip on 2 cores), n all_reduces of 4 floats per
+    process, with TORCH_FR_BUFFER_SIZE 0 (off), BUFFER (orchestrate's size) and unset (torch's default, 2000: on),
+    in rotating order, `rounds` rounds; per round the difference to off, in microseconds per collective."""
+    from orchestrator.node.hooks.orchestrate_hangs import BUFFER
+    sizes = {"off": "0", "orchestrate": BUFFER, "torch_default": None}
+    per: dict[str, list[float]] = {k: [] for k in sizes}
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "record.py").write_text(RECORD)
+        for i in range(rounds):
+            for name in list(sizes)[i % 3:] + list(sizes)[:i % 3]:
+                env = {k: v for k, v in os.environ.items() if k not in ("TORCH_FR_BUFFER_SIZE",
+                                                                        "TORCH_NCCL_TRACE_BUFFER_SIZE")}
+                if sizes[name] is not None:
+                    env["TORCH_FR_BUFFER_SIZE"] = sizes[name]
+                env["OMP_NUM_THREADS"] = "1"
+                r = subprocess.run([PY, str(Path(d) / "record.py"), str(n), str(29730 + i % 20)], env=env,
+                                   capture_output=True, text=True, timeout=600)
+                line = next((x for x in r.stdout.splitlines() if x.startswith("RECORD ")), None)
+                if line is None:
+                    raise SystemExit(f"recorder run failed:\n{r.stderr[-3000:]}")
+                per[name].append(json.loads(line.split(" ", 1)[1])["us"])
+            print(f"  round {i}: " + ", ".join(f"{k} {v[-1]:.1f} us" for k, v in per.items()), flush=True)
+    out: dict = {"collectives_per_process": n, "rounds": rounds}
+    for k, v in per.items():
+        out[f"{k}_us"] = round(statistics.median(v), 2)
+        if k != "off":
+            diffs = sorted(a - b for a, b in zip(v, per["off"], strict=True))
+            out[f"{k}_minus_off_us"] = {"median": round(statistics.median(diffs), 2), "min": round(diffs[0], 2),
+                                        "max": round(diffs[-1], 2)}
+    return out
 
 
 SAMPLER = """
@@ -199,6 +317,86 @@ def sampler_cost() -> dict:
             "every_s": ARRIVAL_S, "share_of_wall": round(float(med) / ARRIVAL_S, 5)}
 
 
+TEMPLATE = """
+import os, sys, time
+import torch, torch.distributed as dist
+import orchestrate_hangs
+dist.init_process_group("gloo")
+t = torch.ones(1024)
+for _ in range(57):
+    dist.all_reduce(t)
+import threading  # (asked from another thread, as the responder is: the main thread's stack is kept)
+w = threading.Thread(target=orchestrate_hangs.write_evidence, args=(sys.argv[1], dist.get_rank()))
+w.start()
+w.join()
+dist.destroy_process_group()
+"""
+
+
+def collection(nodes: int, ppn: int) -> dict:
+    """The submit host's side of a hang's collection at `nodes` x `ppn` ranks over SSH without a shared filesystem
+    (each node's `--diagnose` runs on its own host, in parallel, bounded by launchers.ssh.job.diagnose's timeout;
+    its answer carries its ranks' evidence, node.hangevidence.export): every node's answer absorbed into one run dir,
+    then diagnose_run (load + analysis + diagnosis.json). The evidence is a real responder's file (a 2-rank gloo run,
+    57 all_reduces, orchestrate_hangs.write_evidence), copied to every rank: one rank never entered #57, one is in
+    all_gather #57, one rank's stack differs."""
+    sys.path.insert(0, str(REPO))
+    from orchestrator.node.hangevidence import absorb, diagnose_run
+    from orchestrator.node.hooks import HOOKS_DIR
+    from orchestrator.node.rundir import RunDir
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "t.py").write_text(TEMPLATE)
+        r = subprocess.run([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29795",
+                            str(Path(d) / "t.py"), d], env={**os.environ, "PYTHONPATH": HOOKS_DIR,
+                                                            "OMP_NUM_THREADS": "1"},
+                           capture_output=True, text=True, timeout=300)
+        try:
+            tpl = json.loads((Path(d) / "rank0.json").read_text())
+        except OSError:
+            raise SystemExit(f"template run failed:\n{r.stderr[-3000:]}") from None
+    n = nodes * ppn
+    culprit, desync = n // 2 + 3, n - 5
+    last = max(e["collective_seq_id"] for e in tpl["fr"]["entries"])
+    main = next(s for s in tpl["stacks"] if s.get("main"))
+    asked = time.time()
+
+    def evidence(g: int) -> str:
+        ev = dict(tpl, rank=g, host=f"node{g // ppn:04d}", t=asked + 0.2)
+        entries = tpl["fr"]["entries"]
+        if g == culprit:
+            entries = [e for e in entries if e["collective_seq_id"] != last]
+            ev["stacks"] = [dict(main, frames=[["/u/train.py", 41, "load_batch", "time.sleep(600)"]])]
+        elif g == desync:
+            entries = [dict(e, profiling_name="gloo:all_gather") if e["collective_seq_id"] == last else e
+                       for e in entries]
+        ev["fr"] = dict(tpl["fr"], entries=entries)
+        return json.dumps(ev)
+    answers = []
+    for node in range(nodes):
+        files = {}
+        for g in range(node * ppn, (node + 1) * ppn):
+            files[RunDir.hang_status_rel(g)] = json.dumps({"rank": g, "pid": 1000 + g, "status": "answered",
+                                                          "asked": asked, "took_s": 0.2})
+            files[RunDir.hang_evidence_rel(g)] = evidence(g)
+        answers.append(json.dumps({"node_rank": node, "hangs": files}))  # what the node prints over SSH
+    with tempfile.TemporaryDirectory() as d:
+        rd = RunDir(Path(d))
+        t0 = time.perf_counter()
+        for line in answers:  # (launchers.ssh.job.diagnose: json.loads + absorb per node)
+            absorb(rd, json.loads(line)["hangs"])
+        t_absorb = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        diag = diagnose_run(rd, n, since=asked - 1.0)
+        t_diag = time.perf_counter() - t0
+        body = rd.diagnosis()
+    assert diag is not None
+    return {"nodes": nodes, "ranks": n, "entries_per_rank": len(tpl["fr"]["entries"]),
+            "answer_bytes_per_node": round(statistics.median(len(a) for a in answers)),
+            "absorb_s": round(t_absorb, 2), "load_and_analysis_s": round(t_diag, 2),
+            "analysis_s": body.get("analysis_s"), "submit_host_s": round(t_absorb + t_diag, 2),
+            "culprits": list(diag.culprits[:2]), "expected": [culprit, desync], "line": diag.line}
+
+
 def analysis() -> dict:
     sys.path.insert(0, str(REPO))
     from orchestrator.core.hangs import Entry, RankEvidence, diagnose
@@ -227,8 +425,11 @@ def main() -> None:
     ap.add_argument("--repo", default=str(REPO))
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--modes", default=",".join(RANK_OF))
-    ap.add_argument("--pairs", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--nodes", type=int, default=1024)
+    ap.add_argument("--blocks", type=int, default=16)
+    ap.add_argument("--block", type=int, default=3000)
+    ap.add_argument("--block-runs", type=int, default=3)
+    ap.add_argument("--record-rounds", type=int, default=9)
     ap.add_argument("--skip", default="")
     ap.add_argument("--straggler-modes", default="slow,even,duty,even_plain")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "hangs.json"))
@@ -238,12 +439,24 @@ def main() -> None:
     if "analysis" not in skip:
         res["analysis"] = analysis()
         print("analysis:", json.dumps({k: v for k, v in res["analysis"].items() if k != "line"}), flush=True)
+    if "collection" not in skip:
+        res["collection"] = collection(a.nodes, 8)
+        print("collection:", json.dumps({k: v for k, v in res["collection"].items() if k != "line"}), flush=True)
     if "sampler" not in skip:
         res["sampler"] = sampler_cost()
         print("sampler:", json.dumps(res["sampler"]), flush=True)
     if "overhead" not in skip:
-        res["overhead"] = overhead(a.pairs, a.steps)
-        print("overhead:", json.dumps({k: v for k, v in res["overhead"].items() if k != "pairs"}), flush=True)
+        sys.path.insert(0, str(REPO))
+        from orchestrator.node.hooks.orchestrate_hangs import ARRIVAL_S
+        blocks = blocks_in_a_run(64, a.block, a.blocks, a.block_runs)
+        amplified = blocks_in_a_run(64, a.block, a.blocks, a.block_runs, every=ARRIVAL_S / 20)
+        rec = recorder_cost(a.record_rounds, 20000)
+        share = rec["orchestrate_minus_off_us"]["median"] * blocks["collectives_per_step"] / (blocks["step_ms"] * 1000)
+        res["overhead"] = {"sampler_blocks": blocks, "sampler_blocks_x20": amplified,
+                           "sampler_estimate_at_2s": {"from_median": round(amplified["median_rel"] / 20, 4),
+                                                      "from_mean": round(amplified["mean_rel"] / 20, 4)},
+                           "recorder": rec, "recorder_share_of_step": round(share, 4)}
+        print("overhead:", json.dumps(res["overhead"]), flush=True)
     if "stragglers" not in skip:
         res["stragglers"] = stragglers(Path(a.repo), a.runs, tuple(a.straggler_modes.split(",")))
         print("stragglers:", json.dumps({k: v for k, v in res["stragglers"].items() if k != "runs"}), flush=True)

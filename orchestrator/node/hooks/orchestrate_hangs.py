@@ -13,9 +13,10 @@ names it from its process state and keeps its py-spy stacks.
 A second daemon thread samples the recorder every ARRIVAL_S seconds: when this rank entered each collective of the
 default group, carried on its next step record ("arrive"), the evidence that names a rank that is slow anywhere
 in its step (orchestrator.core.health: who enters the collectives last, and by how much).
-It also turns the flight recorder on where the user did not: TORCH_FR_BUFFER_SIZE (gloo) defaults to BUFFER entries;
+It also sizes the flight recorder where the user did not: torch keeps 2000 entries by default (on); BUFFER entries
+are enough for a hang and cheaper per collective and per read (bench/bench_hangs.py: ~9 us a collective vs ~14 us);
 a GPU plan sets TORCH_NCCL_TRACE_BUFFER_SIZE (orchestrator.core.plan.NCCL_FORENSICS). ORCHESTRATE_HANG_EVIDENCE=0:
-neither.
+none of it (and torch's own default stands).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ ARRIVAL_S = 2.0  # how often the arrival sampler reads the recorder (ORCHESTRATE
 BUFFER = "256"  # flight-recorder entries kept per rank (a hang needs the last few; the dump stays a few ms)
 ENTRIES = 64  # ... of which the evidence file keeps the last
 DIR = "hangs"  # = orchestrator.node.rundir.RunDir.HANGS (this file imports nothing of orchestrator)
+SAMPLING = threading.Event()  # cleared: the sampler skips its reads (bench/bench_hangs.py: its cost, blocks of a run)
+SAMPLING.set()
+STATS = {"reads": 0, "read_s": 0.0}  # the sampler's self-timed cost: reads done, seconds spent in them (wall)
 _KEEP = ("collective_seq_id", "p2p_seq_id", "is_p2p", "profiling_name", "process_group", "pg_id", "state",
          "input_sizes", "output_sizes", "time_created_ns", "time_discovered_started_ns",
          "time_discovered_completed_ns")
@@ -40,7 +44,7 @@ def enabled() -> bool:
 
 
 def start() -> None:
-    """Turn the flight recorder on and start the responder (in a rank of an orchestrate launch; never fails it)."""
+    """Size the flight recorder and start the responder (in a rank of an orchestrate launch; never fails it)."""
     env = os.environ
     if not enabled():
         return
@@ -79,9 +83,10 @@ def _sample(every: float) -> None:
         time.sleep(every)
         dist = sys.modules.get("torch.distributed")
         try:
-            if dist is None or not dist.is_initialized():
+            if dist is None or not SAMPLING.is_set() or not dist.is_initialized():
                 continue
             import torch
+            t0 = time.perf_counter()
             data = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
         except Exception:  # noqa: BLE001 - no recorder here (yet): evidence by forward time only
             continue
@@ -96,6 +101,8 @@ def _sample(every: float) -> None:
         if new:
             last = max(s for s, _ in new)
             hb.add_arrivals(new)
+        STATS["reads"] += 1
+        STATS["read_s"] += time.perf_counter() - t0
 
 
 def _serve(fifo: str, d: str, rank: int) -> None:

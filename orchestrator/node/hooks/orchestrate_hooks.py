@@ -24,7 +24,7 @@
   * `mlflow` -> rank 0's top-level `mlflow.start_run()` resumes the job's run (orchestrate_tracking.on_mlflow).
 A plain loop gets no signal handler: SIGTERM/SIGUSR2 keep their default action (the process ends), since nothing
 could save its state.
-- turns torch's flight recorder on and starts the rank's hang responder (orchestrate_hangs: asked by the node
+- sizes torch's flight recorder and starts the rank's hang responder (orchestrate_hangs: asked by the node
   agent on a hang, it writes the rank's recorder entries and thread stacks, even while the main thread is blocked);
 - registers `_at_exit` at start-up, before the user's code, so it runs after every atexit handler the script and its
   libraries register:
@@ -602,7 +602,7 @@ def _process_start_time() -> float | None:
 
 
 def _hang_responder() -> None:
-    """The flight recorder on and the rank's hang responder started (orchestrate_hangs)."""
+    """The flight recorder sized and the rank's hang responder started (orchestrate_hangs)."""
     try:
         try:
             import orchestrate_hangs as hangs
