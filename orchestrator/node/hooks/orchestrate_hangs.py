@@ -14,7 +14,7 @@ A second daemon thread samples the recorder every ARRIVAL_S seconds: when this r
 default group, carried on its next step record ("arrive"), the evidence that names a rank that is slow anywhere
 in its step (orchestrator.core.health: who enters the collectives last, and by how much).
 It also sizes the flight recorder where the user did not: torch keeps 2000 entries by default (on); BUFFER entries
-are enough for a hang and cheaper per collective and per read (bench/bench_hangs.py: ~9 us a collective vs ~14 us);
+are enough for a hang and keep each of the sampler's reads (the whole buffer, dumped and unpickled) to ~2.5 ms;
 a GPU plan sets TORCH_NCCL_TRACE_BUFFER_SIZE (orchestrator.core.plan.NCCL_FORENSICS). ORCHESTRATE_HANG_EVIDENCE=0:
 none of it (and torch's own default stands).
 """
