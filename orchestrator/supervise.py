@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from orchestrator.core.hangs import culprit_host
 from orchestrator.core.health import HealthMonitor
 from orchestrator.core.jobplan import LaunchPlan
 from orchestrator.events import Beat, Line, NodeEnded, Running, SchedulerEnd
@@ -34,7 +35,6 @@ from orchestrator.types import JobResult, JobState, NodeExit
 
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)", re.MULTILINE)
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
-_RUNS_ON = re.compile(r"; rank \d+ runs on ([^;\s]+)")  # a node agent's hang text: where its first culprit runs
 _EXC = re.compile(r"^(?:\[rank(\d+)\]:\s*)?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)"
                   r"(?::.*)?)$", re.MULTILINE)
 _LAUNCHER_NOISE = ("ChildFailedError", "SignalException")
@@ -197,8 +197,7 @@ def judge(ends: dict[int, NodeEnded], *, torn_down_at: float | None, hang: str |
         hang_host = next((e.host for e in ends.values() if e.record and e.record.hang == hang and
                           "is stopped" in hang), "")
         if not hang_host:  # the analysis named a culprit rank (one that never entered the collective): its host
-            m = _RUNS_ON.search(hang)
-            hang_host = m.group(1) if m else ""
+            hang_host = culprit_host(hang)
     if hang:
         return JobResult(JobState.FAILED, 124, hang, nodes_of(hung_on=hang_node), max_step, hung=True,
                          culprit_host=hang_host,
@@ -379,11 +378,11 @@ class Supervisor:
                             hang, rank = monitor.culprit(stalls, stopped, now), culprit_rank(stalls, stopped)
                             diag = self._diagnose(asked) if self.plan.health.stack_dumps else None
                             if diag is not None and diag.culprits:  # the evidence names the culprit (core.hangs)
-                                hang, rank = diag.line + "; RUN_DIR/diagnosis.json", diag.culprits[0]
+                                rank = diag.culprits[0]
                             hang_node = rank // max(1, self.plan.procs_per_node)
                             hang_host = self._host_of(job, rank)
-                            if diag is not None and diag.culprits and hang_host:
-                                hang = hang.replace("; RUN_DIR/", f"; rank {rank} runs on {hang_host}; RUN_DIR/", 1)
+                            if diag is not None and diag.culprits:
+                                hang = diag.root_cause(hang_host)
                             if self.plan.health.stack_dumps:
                                 hang += "; stacks in RUN_DIR/stacks/" + (" on each host" if len(set(job.nodes.values()))
                                                                          > 1 else "")

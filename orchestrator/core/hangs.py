@@ -21,6 +21,7 @@ Example: `hang at all_reduce #57 (group 0): rank 2 never entered it; rank 2 is i
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -177,11 +178,27 @@ class Diagnosis:
     last: dict[int, list[dict]] = field(default_factory=dict)  # rank -> its last entries (json body)
     world_size: int = 0
 
+    def root_cause(self, host: str = "") -> str:
+        """The job's root cause: the verdict, where its first culprit runs (`host`, read back by `culprit_host`), and
+        where the whole record is kept."""
+        where = f"; rank {self.culprits[0]} runs on {host}" if host and self.culprits else ""
+        return f"{self.line}{where}; RUN_DIR/diagnosis.json"
+
     def to_dict(self) -> dict[str, Any]:
         return {"root_cause": self.line, "culprits": list(self.culprits), "collective": self.collective,
                 "never_entered": list(self.missing), "desync": self.desync, "stopped": list(self.stopped),
                 "no_answer": list(self.no_answer), "stack_classes": [c.to_dict() for c in self.classes],
                 "last_collectives": {str(r): v for r, v in sorted(self.last.items())}, "world_size": self.world_size}
+
+
+_RUNS_ON = re.compile(r"; rank \d+ runs on ([^;\s]+)")
+
+
+def culprit_host(root_cause: str) -> str:
+    """The host a `Diagnosis.root_cause` names for its first culprit ("" where it names none): a SLURM node agent's
+    verdict reaches the supervisor as this text only (its exit record)."""
+    m = _RUNS_ON.search(root_cause)
+    return m.group(1) if m else ""
 
 
 def ranks_text(ranks: Iterable[int], limit: int = LISTED) -> str:

@@ -607,10 +607,8 @@ class Agent:
                             diag = diagnose_run(self.rd, self.plan.world_size, wait_s=DIAGNOSE_WAIT_S,
                                                 since=watch.started)
                             if diag is not None and diag.culprits:
-                                first = diag.culprits[0]
-                                host = getattr(self.rd.agent(first // max(1, self.plan.procs_per_node)), "host", "")
-                                text = diag.line + (f"; rank {first} runs on {host}" if host else "") + \
-                                    "; RUN_DIR/diagnosis.json"
+                                node = diag.culprits[0] // max(1, self.plan.procs_per_node)
+                                text = diag.root_cause(getattr(self.rd.agent(node), "host", ""))
                         self.hang = text
                         self.stop("hang: " + text)
                         return

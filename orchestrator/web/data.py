@@ -180,7 +180,7 @@ def job(job_id: str, ranks_page: int | None = None, now: float | None = None) ->
     store = _store()
     events = store.events(rec.id)
     rd = RunDir(rec.run_dir)
-    diagnosis = rd.read_json("diagnosis.json")  # (the hang analysis' record, where one was made)
+    diagnosis = rd.read_json(RunDir.DIAGNOSIS)  # (the hang analysis' record, where one was made)
     st["nodes"] = nodes  # (the shown ones: a big job's are summarised)
     st.pop("ranks", None)  # (every rank's curve: only the rows shown travel)
     return {"status": st, "ranks": shown, "ranks_summary": summary, "ranks_total": total, "ranks_pages": pages,
