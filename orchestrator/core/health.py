@@ -365,24 +365,25 @@ class HealthMonitor:
         n = self.straggler_window
         out: list[Straggler] = []
         shares = self.hold_shares() if len(self.joined) >= n else {}
-        for kind, gap in ((Straggler, self.straggler_gap), (LateArrival, max(self.straggler_gap, ARRIVAL_GAP_S)),
-                          (HoldsUp, HOLD_SHARE)):
-            medians: dict[int, float] = {}
-            for r in range(self.world_size):
-                st = self.ranks.get(r)
-                evidence = None if st is None else st.compute if kind is Straggler else st.lags
-                if st is None or evidence is None or len(evidence) < n or (kind is HoldsUp and r not in shares):
-                    break
-                medians[r] = median(c for _, c in evidence) if kind is Straggler else \
-                    shares[r] if kind is HoldsUp else lateness(evidence)
-            else:
-                ordered = sorted(medians.values())
-                for r, m in medians.items():
-                    others = median_without(ordered, m)
-                    slower = m > self.straggler_factor * others and m - others >= gap
-                    if slower and (others > 0 or kind is not Straggler) and all(x.rank != r for x in out):
-                        st = self.ranks[r]
-                        out.append(kind(r, st.host, m, others, len(self.joined) if kind is HoldsUp else n, st.step))
+        # per kind of evidence: its floor, and each rank's measure (None: not enough evidence yet, nobody is judged)
+        kinds = ((Straggler, self.straggler_gap,
+                  lambda r, st: median(c for _, c in st.compute) if len(st.compute) >= n else None),
+                 (LateArrival, max(self.straggler_gap, ARRIVAL_GAP_S),
+                  lambda r, st: lateness(st.lags) if len(st.lags) >= n else None),
+                 (HoldsUp, HOLD_SHARE, lambda r, st: shares.get(r) if len(st.lags) >= n else None))
+        for kind, gap, measure in kinds:
+            found = {r: measure(r, st) if (st := self.ranks.get(r)) is not None else None
+                     for r in range(self.world_size)}
+            medians: dict[int, float] = {r: m for r, m in found.items() if m is not None}
+            if len(medians) < len(found):
+                continue
+            ordered = sorted(medians.values())
+            for r, m in medians.items():
+                others = median_without(ordered, m)
+                slower = m > self.straggler_factor * others and m - others >= gap
+                if slower and (others > 0 or kind is not Straggler) and all(x.rank != r for x in out):
+                    st = self.ranks[r]
+                    out.append(kind(r, st.host, m, others, len(self.joined) if kind is HoldsUp else n, st.step))
         return sorted(out, key=lambda x: -x.ratio)
 
     def evidence(self) -> dict[int, float]:
