@@ -18,6 +18,7 @@ import json
 import os
 import pickle
 import shutil
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -32,8 +33,12 @@ ANSWER_S = 2.0  # how long the ranks' responders are waited for, all together
 RAS_S = 3.0
 
 
-def _ask(fifo: Path) -> bool:
+def poke(fifo: Path) -> bool:
+    """One byte to a FIFO whose reader waits for it (a rank's responder; torch's NCCL debug pipe), never blocking:
+    False where there is no FIFO or nobody reads it."""
     try:
+        if not stat.S_ISFIFO(os.stat(fifo).st_mode):
+            return False
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
     except OSError:  # no FIFO (no responder in this rank) or nobody reading it
         return False
@@ -60,7 +65,7 @@ def collect(rd: RunDir, pids: dict[int, int], stopped: set[int] | None = None, w
     stopped = {g for g in pids if state(pids[g]) == "T"} | set(stopped or ())
     asked_at = time.time()
     status = {g: STOPPED for g in pids if g in stopped}
-    waiting = {g for g in pids if g not in stopped and _ask(rd.path(RunDir.hang_ask_rel(g)))}
+    waiting = {g for g in pids if g not in stopped and poke(rd.path(RunDir.hang_ask_rel(g)))}
     status.update({g: NO_ANSWER for g in pids if g not in stopped and g not in waiting})
     deadline = time.monotonic() + wait_s
     while waiting:

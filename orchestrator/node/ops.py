@@ -8,7 +8,6 @@ its agent still runs and how it ended (its ExitRecord): what `orchestrate status
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
@@ -58,24 +57,8 @@ def nccl_dump(rd: RunDir, ranks) -> list[int]:
     """Ask torch's NCCL flight recorder of each rank to dump its trace next to the stacks: a GPU plan sets
     TORCH_NCCL_DEBUG_INFO_PIPE_FILE=RUN_DIR/stacks/nccl_pipe_rank_ (torch makes the FIFO `<prefix><rank>` and dumps
     to TORCH_NCCL_DEBUG_INFO_TEMP_FILE when a byte arrives). Non-blocking; returns the ranks that were asked."""
-    import stat
-    asked = []
-    for g in ranks:
-        fifo = rd.stacks / f"nccl_pipe_rank_{g}"
-        try:
-            if not stat.S_ISFIFO(os.stat(fifo).st_mode):
-                continue
-            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:  # no FIFO (CPU, or torch without the recorder), or nobody reading it
-            continue
-        try:
-            os.write(fd, b"1")
-            asked.append(g)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return asked
+    from orchestrator.node.hangevidence import poke
+    return [g for g in ranks if poke(rd.stacks / f"nccl_pipe_rank_{g}")]  # (no FIFO: CPU, or no recorder)
 
 
 def kill_node(run_dir: RunDir | Path, rank: int | None, grace: float) -> int:
