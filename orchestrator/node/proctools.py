@@ -166,8 +166,7 @@ def dump_stack(pid: int, timeout: float = 20.0) -> str:
     exe = shutil.which("py-spy") or str(__import__("pathlib").Path(sys.executable).with_name("py-spy"))
     try:
         r = subprocess.run([exe, "dump", "--pid", str(pid), "--nonblocking", "--full-filenames"], capture_output=True,
-                           text=True,
-                           timeout=timeout)
+                           text=True, timeout=timeout)
         return r.stdout + r.stderr
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"no stack dump for pid {pid}: {e}"
